@@ -80,6 +80,8 @@ class BatchPlan:
     - ``release``: finished sequences to let go before the step (KV freed).
       With ``complete_on_release`` their completion time becomes the release
       time (a static batch returns all its requests when the batch ends).
+    - ``reject``: rid -> reason, for waiting requests this policy can never
+      run (a prompt over its token budget); they leave as rejected.
     - ``idle_until``: when the plan schedules nothing, wake at this time at the
       latest (an arrival wakes the replica earlier); ``None`` waits for the
       next arrival.
@@ -92,6 +94,7 @@ class BatchPlan:
     hold_finished: bool = False
     release: tuple[int, ...] = ()
     complete_on_release: bool = False
+    reject: Mapping[int, str] = field(default_factory=dict)
     idle_until: float | None = None
 
     @property
