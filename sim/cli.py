@@ -1,0 +1,137 @@
+"""The ``batchsim`` command line: thin typer commands over library calls.
+
+Each command parses its options and calls one library function. Bad input
+(:class:`sim.errors.InputError`, a missing file, a bad option) prints one
+``error:`` line and exits 2 with no traceback unless ``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from sim import __version__
+from sim.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Simulate LLM inference batching policies, priced by a roofline cost model.")
+_state = {"debug": False}
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks for errors")] = False,
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
+) -> None:
+    _state["debug"] = debug
+    if version:
+        typer.echo(f"batchsim {__version__}")
+        raise typer.Exit(0)
+
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a scenario field: dotted.key=value (repeatable)")]
+
+
+def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None):
+    from sim.builtin import builtin_scenario_path
+    from sim.config import load_scenario
+
+    path = scenario if scenario is not None else builtin_scenario_path()
+    sets = list(overrides or [])
+    sc = load_scenario(path, sets)
+    if policy:
+        keep = {k: v for k, v in sc.policy.items()
+                if k in ("block_size", "gpu_memory_utilization", "max_model_len")}
+        sc = load_scenario(path, sets + [f"policy={json.dumps(dict(keep, name=policy))}"])
+    return sc, Path(path).resolve().parent
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    policy: Annotated[Optional[str], typer.Option(help="run this policy instead of the scenario's (its default knobs)")] = None,
+    set_: SetOpt = None,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,
+) -> None:
+    """Run one simulation: print a summary, write summary.json, requests.csv, steps.csv."""
+    from sim.runner import run_scenario, write_outputs
+    from sim.summary_table import summary_table
+
+    sc, base = _load(scenario, policy, set_)
+    result = run_scenario(sc, base)
+    dest = out or Path("runs") / f"{sc.name}-{result.summary['policy']}"
+    write_outputs(result, dest)
+    if as_json:
+        typer.echo(json.dumps(result.summary, indent=2))
+    else:
+        console = Console()
+        console.print(summary_table([result.summary], title=f"{sc.name}: {result.meta['model']} on "
+                                    f"{result.meta['hardware']} x{sc.replicas}"))
+        console.print(f"records written to {dest}/")
+
+
+@app.command()
+def cost(
+    model: Annotated[str, typer.Argument(help="model catalog name or config.json path")],
+    hardware: Annotated[str, typer.Argument(help="hardware profile name or YAML path")],
+    tp: Annotated[int, typer.Option(help="tensor-parallel size", min=1)] = 1,
+    dtype: Annotated[str, typer.Option(help="weight dtype: bf16, fp16, fp8, int4")] = "bf16",
+    prefill: Annotated[Optional[int], typer.Option(help="price a prefill of this many tokens", min=1)] = None,
+    decode: Annotated[Optional[int], typer.Option(help="price a decode step of this batch size", min=1)] = None,
+    context: Annotated[Optional[int], typer.Option(help="context length of each decoding sequence", min=0)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Price one step operator by operator and show the KV capacity."""
+    from calibrate.report import cost_report, render_cost_table
+
+    rep = cost_report(model, hardware, tp=tp, dtype=dtype, prefill=prefill, decode=decode, context=context)
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2))
+    else:
+        Console().print(render_cost_table(rep))
+
+
+def main() -> None:
+    """Console-script entry point: maps input errors to exit code 2."""
+    try:
+        rv = app(standalone_mode=False)
+        if isinstance(rv, int) and rv:
+            sys.exit(rv)
+    except InputError as e:
+        if _state["debug"]:
+            raise
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (typer.BadParameter, typer.Abort) as e:  # pragma: no cover - handled by click
+        err_console.print(f"error: {e}")
+        sys.exit(2)
+    except OSError as e:
+        if _state["debug"]:
+            raise
+        err_console.print(f"[bold red]error:[/] {e.strerror or e}: {e.filename or ''}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; finished results already written are kept")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - last resort
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,143 @@
+"""Scenario files: one YAML document, validated on load.
+
+Field names follow what users already know: HuggingFace names for models,
+vLLM engine-argument names for limits. The ``policy`` section is validated by
+the chosen policy's own config model, the ``workload`` section by
+:class:`workloads.config.WorkloadConfig`. Every error names the file, the
+field and the bad value (an :class:`sim.errors.InputError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sim.errors import InputError
+from workloads.config import WorkloadConfig
+
+__all__ = ["Scenario", "SLOConfig", "MeasureConfig", "load_scenario", "scenario_from_dict",
+           "apply_overrides", "format_validation_error"]
+
+
+class SLOConfig(BaseModel):
+    """Per-request service-level objectives (a request meets them or not)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ttft_ms: float | None = Field(None, gt=0, description="time to first token limit")
+    tpot_ms: float | None = Field(None, gt=0, description="time per output token limit")
+    itl_ms: float | None = Field(None, gt=0, description="limit on a request's largest inter-token gap")
+    e2el_ms: float | None = Field(None, gt=0, description="end-to-end latency limit")
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class MeasureConfig(BaseModel):
+    """Which requests the latency percentiles and throughputs count."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    warmup_s: float = Field(0.0, ge=0, description="ignore requests arriving before this time")
+    cooldown_s: float = Field(0.0, ge=0, description="ignore requests arriving this long before the last arrival")
+    step_records: bool = Field(True, description="write steps.csv (one row per step)")
+
+
+class Scenario(BaseModel):
+    """A whole simulation: model, hardware, cluster, policy, workload."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field("scenario", description="a label for reports")
+    model: str = Field("llama-3-8b", description="catalog name or path to a HF config.json")
+    hardware: str = Field("h100-sxm", description="hardware profile name or path to a profile YAML")
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    dtype: Literal["bf16", "fp16", "fp8", "int4"] = Field("bf16", description="weight dtype")
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = Field("auto", description="KV dtype (auto = dtype, bf16 for int4)")
+    replicas: int = Field(1, ge=1, le=4096)
+    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv")
+    policy: dict[str, Any] = Field(default_factory=lambda: {"name": "continuous"})
+    workload: WorkloadConfig
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    seed: int = Field(0, ge=0)
+    horizon_s: float | None = Field(None, gt=0, description="stop the simulation at this time")
+    max_queue_len: int | None = Field(None, ge=1, description="reject arrivals beyond this many waiting per replica")
+    measure: MeasureConfig = Field(default_factory=MeasureConfig)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_name(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"name": v}
+        if isinstance(v, dict) and "name" not in v:
+            raise ValueError("the policy needs a 'name' (static, dynamic, continuous, chunked_prefill)")
+        return v
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: ``source: field.path: message (got value)``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        got = e.get("input")
+        shown = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{source}: {loc}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        nxt = d.get(k)
+        if isinstance(nxt, str) and k == "policy":
+            nxt = {"name": nxt}
+        if not isinstance(nxt, dict):
+            nxt = {}
+        d[k] = nxt
+        d = nxt
+    d[keys[-1]] = value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML)."""
+    for item in overrides:
+        if "=" not in item:
+            raise InputError(f"expected dotted.key=value, got {item!r}", "--set")
+        key, raw = item.split("=", 1)
+        if not key.strip():
+            raise InputError(f"empty key in {item!r}", "--set")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(data, key.strip(), value)
+    return data
+
+
+def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
+    """Validate a scenario mapping; errors name ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", source)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise InputError(format_validation_error(e, source)) from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario YAML file (safe loading only)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"no such scenario file: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise InputError(f"not valid YAML: {getattr(e, 'problem', e)}", where) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", str(p)) from None
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", str(p))
+    data = apply_overrides(data, list(overrides or []))
+    return scenario_from_dict(data, str(p))

@@ -1,0 +1,270 @@
+"""The SimPy kernel: an arrival process, a router and one process per replica.
+
+A replica's loop is the whole engine: ask the policy for a plan, apply its
+admission part (release, reject, preempt, admit and grow KV), price the
+step's shape, ``yield env.timeout(seconds)``, then apply the result (tokens
+advance, first tokens and completions are stamped, KV is freed). There is no
+policy logic here; one SimPy event per step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Sequence
+
+import numpy as np
+import simpy
+
+from sim.kv import PagedKVCache
+from sim.protocols import CostModel, Policy
+from sim.records import ItlLog, StepLog
+from sim.state import COMPLETED, REJECTED, Seq
+from sim.types import BatchPlan, StepShape, Workload
+
+__all__ = ["Replica", "Cluster", "PolicyError"]
+
+
+class PolicyError(RuntimeError):
+    """A plan broke the engine contract (a bug in the policy, not bad input)."""
+
+
+class _View:
+    """The read-only window a policy gets onto its replica."""
+
+    __slots__ = ("_env", "waiting", "running", "kv", "max_model_len")
+
+    def __init__(self, env, waiting, running, kv, max_model_len) -> None:
+        self._env, self.waiting, self.running = env, waiting, running
+        self.kv, self.max_model_len = kv, max_model_len
+
+    @property
+    def now(self) -> float:
+        return self._env.now
+
+
+class Replica:
+    """One model replica: a policy, a KV cache and a cost model."""
+
+    def __init__(self, env: simpy.Environment, index: int, policy: Policy, cost: CostModel,
+                 kv: PagedKVCache, max_model_len: int, steps: StepLog, itl: ItlLog) -> None:
+        self.env, self.index, self.policy, self.cost, self.kv = env, index, policy, cost, kv
+        self.max_model_len = max_model_len
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.seqs: dict[int, Seq] = {}
+        self.steps, self.itl = steps, itl
+        self.view = _View(env, self.waiting, self.running, kv, max_model_len)
+        self._wake: simpy.Event | None = None
+        self.busy_s = 0.0
+        self.outstanding = 0  # admitted to this replica and not yet done
+        self.process = env.process(self._loop())
+
+    # -- arrivals -------------------------------------------------------------
+    def enqueue(self, seq: Seq) -> None:
+        """Accept a routed request (or reject one that can never fit)."""
+        seq.replica = self.index
+        total = seq.prompt_tokens + seq.output_tokens
+        if total > self.max_model_len:
+            return self.reject(seq, f"prompt+output {total} > max_model_len {self.max_model_len}")
+        if self.kv.blocks_needed(seq, total) > self.kv.total_blocks:
+            return self.reject(seq, f"prompt+output {total} tokens > KV capacity "
+                                     f"{self.kv.total_blocks * self.kv.block_size}")
+        self.seqs[seq.rid] = seq
+        self.waiting.append(seq)
+        self.outstanding += 1
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def reject(self, seq: Seq, reason: str) -> None:
+        """Mark ``seq`` rejected: it leaves without running."""
+        seq.status, seq.reason = REJECTED, reason
+
+    # -- the loop -------------------------------------------------------------
+    def _loop(self):
+        env = self.env
+        while True:
+            plan = self.policy.schedule(self.view)
+            preempted = self._admit(plan)
+            if not plan.num_tokens:
+                yield from self._idle(plan)
+                continue
+            shape, useful = self._shape(plan)
+            cost = self.cost.price(shape)
+            useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
+            start = env.now
+            yield env.timeout(cost.seconds)
+            self.busy_s += cost.seconds
+            self._advance(plan)
+            self._record(plan, shape, cost, useful_flops, start, preempted)
+
+    def _idle(self, plan: BatchPlan):
+        now = self.env.now
+        self._wake = self.env.event()
+        events = [self._wake]
+        if plan.idle_until is not None:
+            if plan.idle_until <= now:
+                raise PolicyError(f"{self.policy.name}: idle_until {plan.idle_until} is not after now {now}")
+            events.append(self.env.timeout(plan.idle_until - now))
+        yield self.env.any_of(events)
+        self._wake = None
+
+    def _admit(self, plan: BatchPlan) -> int:
+        """Apply release, reject, preempt, then admit and grow KV."""
+        now, seqs, kv = self.env.now, self.seqs, self.kv
+        for rid in plan.release:
+            seq = seqs.pop(rid)
+            if not seq.finished:
+                raise PolicyError(f"{self.policy.name}: released rid {rid} has not finished")
+            self.running.remove(seq)
+            seq.is_running = False
+            kv.free(rid)
+            if plan.complete_on_release:
+                seq.completion = now
+            self.outstanding -= 1
+        if plan.reject:
+            for rid, reason in plan.reject.items():
+                seq = seqs.pop(rid)
+                self.waiting.remove(seq)
+                self.reject(seq, reason)
+                self.outstanding -= 1
+        if plan.preempt:
+            victims = [seqs[rid] for rid in plan.preempt]
+            for seq in victims:
+                if not seq.is_running:
+                    raise PolicyError(f"{self.policy.name}: preempted rid {seq.rid} is not running")
+                seq.is_running = False
+                self.running.remove(seq)
+                kv.free(seq.rid)
+                seq.num_computed = 0
+                seq.num_preemptions += 1
+            self.waiting.extendleft(reversed(victims))
+        admitted = [seqs[rid] for rid in plan.num_tokens if not seqs[rid].is_running]
+        self._take_from_waiting(admitted)
+        for seq in admitted:
+            seq.is_running = True
+            if seq.admitted is None:
+                seq.admitted = now
+        self.running.extend(admitted)
+        reserve = plan.reserve
+        for rid, q in plan.num_tokens.items():
+            seq = seqs[rid]
+            if q < 1 or seq.num_computed + q > seq.num_tokens:
+                raise PolicyError(f"{self.policy.name}: rid {rid} scheduled {q} tokens with "
+                                  f"{seq.pending} pending")
+            kv.grow(rid, max(reserve.get(rid, 0), seq.num_computed + q))
+        return len(plan.preempt)
+
+    def _take_from_waiting(self, admitted: list[Seq]) -> None:
+        if not admitted:
+            return
+        waiting = self.waiting
+        # NOTE: FCFS admissions are a prefix of the queue: pop them in O(k);
+        # any other order falls back to one O(n) rebuild.
+        k = len(admitted)
+        if all(waiting[i] is admitted[i] for i in range(min(k, len(waiting)))) and k <= len(waiting):
+            for _ in range(k):
+                waiting.popleft()
+            return
+        ids = {id(s) for s in admitted}
+        keep = [s for s in waiting if id(s) not in ids]
+        if len(keep) + k != len(waiting):
+            raise PolicyError(f"{self.policy.name}: scheduled a sequence that is neither waiting nor running")
+        waiting.clear()
+        waiting.extend(keep)
+
+    def _shape(self, plan: BatchPlan) -> tuple[StepShape, StepShape | None]:
+        seqs = self.seqs
+        n, p = len(plan.num_tokens), len(plan.padding)
+        q = np.empty(n + p, dtype=np.int64)
+        kv = np.empty(n + p, dtype=np.int64)
+        sampled = 0
+        for i, (rid, t) in enumerate(plan.num_tokens.items()):
+            seq = seqs[rid]
+            q[i] = t
+            kv[i] = seq.num_computed
+            if seq.num_computed + t == seq.num_tokens:
+                sampled += 1
+        useful_sampled = sampled
+        for j, (pq, pkv, samples) in enumerate(plan.padding):
+            q[n + j] = pq
+            kv[n + j] = pkv
+            sampled += bool(samples)
+        shape = StepShape(q=q, kv=kv, sampled=sampled)
+        useful = StepShape(q=q[:n], kv=kv[:n], sampled=useful_sampled) if p else None
+        return shape, useful
+
+    def _advance(self, plan: BatchPlan) -> None:
+        """Apply a finished step: tokens advance, stamps, completions."""
+        now, seqs, itl = self.env.now, self.seqs, self.itl
+        done = []
+        for rid, q in plan.num_tokens.items():
+            seq = seqs[rid]
+            seq.num_computed += q
+            if seq.num_computed != seq.num_tokens:
+                continue
+            seq.num_generated += 1
+            seq.num_tokens += 1
+            if seq.first_token is None:
+                seq.first_token = now
+            else:
+                gap = now - seq.last_token
+                itl.append(rid, gap)
+                if gap > seq.max_itl:
+                    seq.max_itl = gap
+            seq.last_token = now
+            if seq.num_generated >= seq.output_tokens:
+                seq.finished = True
+                seq.status = COMPLETED
+                seq.completion = now
+                if not plan.hold_finished:
+                    done.append(seq)
+        if done:
+            for seq in done:
+                seq.is_running = False
+                self.running.remove(seq)
+                self.kv.free(seq.rid)
+                del seqs[seq.rid]
+            self.outstanding -= len(done)
+
+    def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
+        useful_q = shape.q[: len(plan.num_tokens)]
+        kv_ctx = shape.kv[: len(plan.num_tokens)]
+        decode = int(((useful_q == 1) & (kv_ctx > 0)).sum())
+        prefill = int(useful_q.sum()) - decode
+        self.steps.append(
+            self.index, start, self.env.now, len(plan.num_tokens), shape.num_rows,
+            prefill, decode, int(shape.q.sum()) - prefill - decode, cost.flops, useful_flops,
+            cost.bytes, cost.compute_s, cost.memory_s, cost.network_s, cost.overhead_s,
+            cost.out_of_range, self.kv.used_blocks, len(self.waiting), len(self.running), preempted,
+        )
+
+
+class Cluster:
+    """Replicas behind a router, fed by the workload's arrivals."""
+
+    def __init__(self, env: simpy.Environment, replicas: Sequence[Replica],
+                 route: Callable[[Sequence[Replica], Seq], int], workload: Workload,
+                 max_queue_len: int | None = None) -> None:
+        self.env, self.replicas, self.route = env, list(replicas), route
+        self.workload, self.max_queue_len = workload, max_queue_len
+        self.requests: list[Seq] = []
+        env.process(self._arrivals())
+
+    def _arrivals(self):
+        env, w = self.env, self.workload
+        arrival = w.arrival.tolist()
+        prompt = w.prompt_tokens.tolist()
+        output = w.output_tokens.tolist()
+        hashes = w.prefix_hashes
+        for rid in range(len(arrival)):
+            t = arrival[rid]
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            seq = Seq(rid, t, prompt[rid], output[rid], hashes[rid] if hashes is not None else None)
+            self.requests.append(seq)
+            replica = self.replicas[self.route(self.replicas, seq)]
+            if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
+                seq.replica = replica.index
+                replica.reject(seq, f"queue full ({self.max_queue_len} waiting)")
+                continue
+            replica.enqueue(seq)

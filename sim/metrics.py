@@ -1,0 +1,119 @@
+"""Summary metrics from records, with ``vllm bench serve``'s key names.
+
+Latency percentiles are over the requests in the measured window (arrival in
+``[warmup_s, last_arrival - cooldown_s]``); ITL percentiles over every gap
+of those requests. Utilization is over the whole simulated time of all
+replicas. See DESIGN.md "Semantics everyone must agree on".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sim.state import COMPLETED, REJECTED, UNFINISHED
+
+__all__ = ["RunTotals", "summarize", "PERCENTILES", "LATENCY_METRICS"]
+
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True)
+class RunTotals:
+    """Run-wide facts the records alone don't carry."""
+
+    replicas: int
+    sim_end: float  # simulated seconds at the end of the run
+    peak_flops: float  # per replica
+    peak_bandwidth: float  # per replica
+    kv_total_blocks: int  # per replica
+    kv_peak_blocks: int  # max over replicas
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
+
+
+def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
+    v = values_s[~np.isnan(values_s)] * 1000.0
+    out = {f"mean_{prefix}_ms": float(v.mean()) if len(v) else 0.0,
+           f"std_{prefix}_ms": float(v.std()) if len(v) else 0.0}
+    for p in PERCENTILES:
+        key = "median" if p == 50 else f"p{p}"
+        out[f"{key}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else 0.0
+    return out
+
+
+def _window(requests: pd.DataFrame, totals: RunTotals) -> pd.DataFrame:
+    if requests.empty:
+        return requests
+    hi = requests["arrival"].max() - totals.cooldown_s
+    m = (requests["arrival"] >= totals.warmup_s) & (requests["arrival"] <= hi)
+    return requests[m]
+
+
+def _slo_ok(done: pd.DataFrame, slo: dict[str, float] | None) -> np.ndarray:
+    ok = np.ones(len(done), dtype=bool)
+    for key, limit in (slo or {}).items():
+        metric = key.removesuffix("_ms")
+        col = "max_itl" if metric == "itl" else metric
+        vals = done[col].to_numpy() * 1000.0
+        ok &= np.nan_to_num(vals, nan=0.0) <= limit
+    return ok
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
+              totals: RunTotals, policy: str, slo: dict[str, float] | None = None) -> dict:
+    """The run's summary dict (summary.json), deterministic key order."""
+    win = _window(requests, totals)
+    done = win[win["status"] == COMPLETED]
+    start = float(win["arrival"].min()) if len(win) else 0.0
+    end = float(done["completion"].max()) if len(done) else start
+    if (win["status"] == UNFINISHED).any():
+        end = totals.sim_end
+    duration = max(end - start, 1e-12)
+    out_tok = int(done["output_tokens"].sum())
+    in_tok = int(done["prompt_tokens"].sum())
+    gaps = itl[itl["rid"].isin(done["rid"])]["gap"].to_numpy() if len(itl) else np.empty(0)
+    s: dict = {
+        "policy": policy,
+        "num_requests": int(len(requests)),
+        "measured_requests": int(len(win)),
+        "completed": int(len(done)),
+        "rejected": int((win["status"] == REJECTED).sum()),
+        "unfinished": int((win["status"] == UNFINISHED).sum()),
+        "duration_s": duration,
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "request_throughput": len(done) / duration,
+        "output_throughput": out_tok / duration,
+        "total_token_throughput": (in_tok + out_tok) / duration,
+        "request_goodput": float(_slo_ok(done, slo).sum()) / duration,
+    }
+    for name, vals in (("ttft", done["ttft"].to_numpy()), ("tpot", done["tpot"].to_numpy()),
+                       ("itl", gaps), ("e2el", done["e2el"].to_numpy())):
+        s.update(_stats(name, np.asarray(vals, dtype=float)))
+    s["max_itl_ms"] = float(done["max_itl"].max() * 1000.0) if len(done) else 0.0
+    s["preemptions"] = int(requests["preemptions"].sum()) if len(requests) else 0
+    s.update(_utilization(steps, totals))
+    return s
+
+
+def _utilization(steps: pd.DataFrame, totals: RunTotals) -> dict:
+    wall = max(totals.sim_end, 1e-12) * totals.replicas
+    busy = float((steps["end"] - steps["start"]).sum()) if len(steps) else 0.0
+    billed = float(steps[["prefill_tokens", "decode_tokens", "padding_tokens"]].to_numpy().sum())
+    useful = float(steps[["prefill_tokens", "decode_tokens"]].to_numpy().sum())
+    op_time = float(steps[["compute_s", "memory_s"]].to_numpy().sum())
+    return {
+        "busy_fraction": busy / wall,
+        "mfu": float(steps["useful_flops"].sum()) / (totals.peak_flops * wall),
+        "mbu": float(steps["bytes"].sum()) / (totals.peak_bandwidth * wall),
+        "compute_bound_fraction": float(steps["compute_s"].sum()) / op_time if op_time else 0.0,
+        "token_efficiency": useful / billed if billed else 1.0,
+        "mean_batch_size": float(steps["num_seqs"].mean()) if len(steps) else 0.0,
+        "num_steps": int(len(steps)),
+        "peak_kv_usage": totals.kv_peak_blocks / totals.kv_total_blocks,
+        "out_of_range_ops": int(steps["out_of_range"].sum()) if len(steps) else 0,
+    }

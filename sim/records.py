@@ -1,0 +1,112 @@
+"""Flat records out of a run: one row per request, one per step, every ITL gap.
+
+Records are the only thing ``reports/`` and ``sim.metrics`` read. Steps and
+inter-token gaps go into preallocated numpy columns that double when full,
+so a long run appends without allocating a Python object per row.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from sim.state import COMPLETED, Seq
+
+__all__ = ["Columns", "StepLog", "ItlLog", "STEP_FIELDS", "request_frame"]
+
+# (name, dtype) of every per-step column, in steps.csv order.
+STEP_FIELDS: tuple[tuple[str, str], ...] = (
+    ("replica", "i4"),
+    ("start", "f8"),
+    ("end", "f8"),
+    ("num_seqs", "i4"),          # useful rows (sequences doing real work)
+    ("num_rows", "i4"),          # billed rows, padding and dead slots included
+    ("prefill_tokens", "i8"),
+    ("decode_tokens", "i8"),
+    ("padding_tokens", "i8"),
+    ("flops", "f8"),
+    ("useful_flops", "f8"),
+    ("bytes", "f8"),
+    ("compute_s", "f8"),
+    ("memory_s", "f8"),
+    ("network_s", "f8"),
+    ("overhead_s", "f8"),
+    ("out_of_range", "i4"),
+    ("kv_used_blocks", "i8"),
+    ("waiting", "i4"),
+    ("running", "i4"),
+    ("preempted", "i4"),
+)
+
+
+class Columns:
+    """Growable typed columns: ``append(*values)`` in field order."""
+
+    def __init__(self, fields: Iterable[tuple[str, str]], capacity: int = 1024) -> None:
+        self.fields = tuple(fields)
+        self._arrays = [np.empty(capacity, dtype=dt) for _, dt in self.fields]
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, *values) -> None:
+        n = self._n
+        if n == len(self._arrays[0]):
+            self._arrays = [np.resize(a, 2 * n) for a in self._arrays]
+        for a, v in zip(self._arrays, values):
+            a[n] = v
+        self._n = n + 1
+
+    def column(self, name: str) -> np.ndarray:
+        for (f, _), a in zip(self.fields, self._arrays):
+            if f == name:
+                return a[: self._n]
+        raise KeyError(name)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({f: a[: self._n] for (f, _), a in zip(self.fields, self._arrays)})
+
+
+class StepLog(Columns):
+    """Per-step records of every replica."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        super().__init__(STEP_FIELDS, capacity)
+
+
+class ItlLog(Columns):
+    """Every inter-token gap, tagged with its request id."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        super().__init__((("rid", "i8"), ("gap", "f8")), capacity)
+
+
+REQUEST_COLUMNS = (
+    "rid", "replica", "status", "reason", "arrival", "prompt_tokens", "output_tokens",
+    "generated_tokens", "admitted", "first_token", "last_token", "completion",
+    "ttft", "tpot", "e2el", "max_itl", "preemptions", "cached_tokens",
+)
+
+
+def request_frame(seqs: Iterable[Seq]) -> pd.DataFrame:
+    """One row per request, sorted by rid; latencies in seconds (NaN if none)."""
+    rows = []
+    for s in seqs:
+        ft = s.first_token
+        comp = s.completion if s.status == COMPLETED else None
+        ttft = ft - s.arrival if ft is not None else np.nan
+        e2el = comp - s.arrival if comp is not None else np.nan
+        tpot = ((comp - ft) / (s.output_tokens - 1)
+                if comp is not None and ft is not None and s.output_tokens > 1 else np.nan)
+        rows.append((
+            s.rid, s.replica, s.status, s.reason, s.arrival, s.prompt_tokens, s.output_tokens,
+            s.num_generated, np.nan if s.admitted is None else s.admitted,
+            np.nan if ft is None else ft, np.nan if s.last_token is None else s.last_token,
+            np.nan if comp is None else comp, ttft, tpot, e2el, s.max_itl, s.num_preemptions,
+            s.cached_tokens,
+        ))
+    df = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
+    return df.sort_values("rid", kind="stable").reset_index(drop=True)

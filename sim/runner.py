@@ -1,0 +1,140 @@
+"""The composition root: scenario -> parts -> run -> records -> summary.
+
+Only this module (and the CLI above it) wires packages together: it builds
+the workload, the cost model, the KV caches, the policies and the router,
+runs SimPy, and turns what happened into records and a summary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+import policies
+from calibrate.costmodel import RooflineCostModel
+from calibrate.hardware import load_hardware
+from calibrate.models import load_model
+from sim import __version__
+from sim.config import Scenario
+from sim.engine import Cluster, Replica
+from sim.io import write_csv, write_json
+from sim.kv import PagedKVCache
+from sim.metrics import RunTotals, summarize
+from sim.protocols import CostModel
+from sim.records import ItlLog, StepLog, request_frame
+from sim.router import make_router
+from sim.state import UNFINISHED
+from sim.types import Workload
+from workloads import build_workload
+
+__all__ = ["RunResult", "Parts", "build_parts", "run_scenario", "simulate", "write_outputs"]
+
+
+@dataclass
+class Parts:
+    """What a scenario builds before the run (reusable across policies)."""
+
+    workload: Workload
+    cost: CostModel
+    kv_tokens: Any  # callable gpu_memory_utilization -> tokens per replica
+    max_model_len: int
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced: the summary and the flat records."""
+
+    scenario: Scenario
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: pd.DataFrame
+    meta: dict
+
+
+def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    wl, router = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(wl), np.random.default_rng(router)
+
+
+def build_parts(scenario: Scenario, base_dir: Path | None = None,
+                workload: Workload | None = None) -> Parts:
+    """Load the model, hardware and cost model, and generate the workload."""
+    model = load_model(scenario.model)
+    hw = load_hardware(scenario.hardware)
+    kv_dtype = None if scenario.kv_cache_dtype == "auto" else scenario.kv_cache_dtype
+    cost = RooflineCostModel(model, hw, tp=scenario.tensor_parallel_size, dtype=scenario.dtype,
+                             kv_dtype=kv_dtype)
+    if workload is None:
+        workload = build_workload(scenario.workload, _seeds(scenario.seed)[0], base_dir)
+    meta = {
+        "batchsim_version": __version__,
+        "scenario": scenario.name,
+        "model": getattr(model, "name", scenario.model),
+        "hardware": getattr(hw, "name", scenario.hardware),
+        "calibrated": bool(getattr(hw, "calibrated", False)),
+        "tensor_parallel_size": scenario.tensor_parallel_size,
+        "dtype": scenario.dtype,
+        "replicas": scenario.replicas,
+        "seed": scenario.seed,
+    }
+    return Parts(workload=workload, cost=cost, kv_tokens=cost.kv_capacity_tokens,
+                 max_model_len=int(model.max_position_embeddings), meta=meta)
+
+
+def simulate(scenario: Scenario, parts: Parts) -> RunResult:
+    """Run one scenario's policy over prebuilt parts."""
+    env = simpy.Environment()
+    steps, itl = StepLog(), ItlLog()
+    replicas = []
+    for i in range(scenario.replicas):
+        policy = policies.create_policy(scenario.policy)
+        cfg = policy.config
+        kv = PagedKVCache(parts.kv_tokens(cfg.gpu_memory_utilization) // cfg.block_size, cfg.block_size)
+        max_len = min(parts.max_model_len, cfg.max_model_len or parts.max_model_len)
+        replicas.append(Replica(env, i, policy, parts.cost, kv, max_len, steps, itl))
+    route = make_router(scenario.router, _seeds(scenario.seed)[1])
+    cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
+    env.run(until=scenario.horizon_s)
+    requests = request_frame(cluster.requests)
+    step_df = steps.frame()
+    unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
+    last = max([float(step_df["end"].max()) if len(step_df) else 0.0,
+                float(parts.workload.arrival[-1]) if len(parts.workload) else 0.0])
+    sim_end = env.now if unfinished else last
+    kv0 = replicas[0].kv
+    totals = RunTotals(
+        replicas=scenario.replicas, sim_end=sim_end, peak_flops=parts.cost.peak_flops,
+        peak_bandwidth=parts.cost.peak_bandwidth, kv_total_blocks=kv0.total_blocks,
+        kv_peak_blocks=max(r.kv.peak_used for r in replicas),
+        warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
+    )
+    summary = summarize(requests, step_df, itl.frame(), totals, policy=replicas[0].policy.name,
+                        slo=scenario.slo.limits())
+    meta = dict(parts.meta, policy=replicas[0].policy.name, kv_blocks=kv0.total_blocks,
+                block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
+    if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
+        raise RuntimeError("non-finite duration")
+    return RunResult(scenario, summary, requests, step_df, itl.frame(), meta)
+
+
+def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
+    """Build the parts and run: the library call behind ``batchsim run``."""
+    return simulate(scenario, build_parts(scenario, base_dir))
+
+
+def write_outputs(result: RunResult, out_dir: str | Path) -> Path:
+    """Write summary.json, requests.csv and steps.csv (atomically)."""
+    out = Path(out_dir)
+    write_json(out / "summary.json", result.summary)
+    write_csv(out / "requests.csv", result.requests)
+    if result.scenario.measure.step_records:
+        write_csv(out / "steps.csv", result.steps)
+    return out
