@@ -82,12 +82,20 @@ class Replica:
     # -- the loop -------------------------------------------------------------
     def _loop(self):
         env = self.env
+        admin_only = 0
         while True:
             plan = self.policy.schedule(self.view)
             preempted = self._admit(plan)
             if not plan.num_tokens:
+                if plan.release or plan.reject or plan.preempt:
+                    # The plan changed state without a step: ask again now.
+                    admin_only += 1
+                    if admin_only > 100_000:
+                        raise PolicyError(f"{self.policy.name}: no step after 100000 plans")
+                    continue
                 yield from self._idle(plan)
                 continue
+            admin_only = 0
             shape, useful = self._shape(plan)
             cost = self.cost.price(shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
