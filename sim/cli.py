@@ -98,6 +98,15 @@ def cost(
         Console().print(render_cost_table(rep))
 
 
+def _register_commands() -> None:
+    from sim.commands import register_all
+
+    register_all(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     """Console-script entry point: maps input errors to exit code 2."""
     try:

