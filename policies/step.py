@@ -1,0 +1,166 @@
+"""One iteration-level step, built under a token budget and the KV cache.
+
+Continuous batching and chunked prefill differ only in how they fill a step
+(vLLM's insight: there is no prefill phase, only computed tokens catching up
+with known tokens). :class:`StepBuilder` holds what both need — the token
+budget left, free KV blocks after this plan's own frees and allocations, free
+sequence slots — and offers the three moves they compose:
+
+- :meth:`StepBuilder.schedule_decodes`: every running decode gets one token;
+  when the cache cannot hold the growth, preempt the most recently admitted
+  running sequence, exactly vLLM v0's ``_schedule_running``.
+- :meth:`StepBuilder.schedule_partial_prefills`: running sequences whose
+  prompt is only partly computed get the next chunk (Sarathi-Serve).
+- :meth:`StepBuilder.admit`: waiting sequences enter in queue order, whole
+  prompt or first chunk, stopping at the first that does not fit.
+
+KV is accounted cumulatively, so the engine can always grant the plan.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from policies.base import PolicyConfig, held_blocks
+from policies.ordering import QueueOrder, last_admitted
+from sim.protocols import ReplicaView, SeqView
+from sim.types import BatchPlan
+
+__all__ = ["IterationConfig", "StepBuilder"]
+
+
+class IterationConfig(PolicyConfig):
+    """Limits shared by the iteration-level policies (vLLM ``SchedulerConfig`` names)."""
+
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences running at once (vLLM --max-num-seqs).")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="Most tokens computed in one step (vLLM --max-num-batched-tokens).")
+    order: QueueOrder = Field(
+        "fcfs", description="Order in which waiting sequences are tried for admission; preempted ones stay first.")
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _budget_covers_decodes(cls, v: int, info: ValidationInfo) -> int:
+        # Every running sequence must be able to decode in one step (vLLM's check).
+        seqs = info.data.get("max_num_seqs")
+        if seqs is not None and v < seqs:
+            raise ValueError(f"max_num_batched_tokens ({v}) must be >= max_num_seqs ({seqs}) "
+                             "so every running sequence can decode in each step")
+        return v
+
+
+class StepBuilder:
+    """Accumulates one step's plan while tracking budget, KV blocks and slots."""
+
+    def __init__(self, view: ReplicaView, max_num_batched_tokens: int, max_num_seqs: int,
+                 victim: Callable[[Sequence[SeqView]], SeqView] = last_admitted) -> None:
+        self.view = view
+        self.cap = max_num_batched_tokens
+        self.budget = max_num_batched_tokens
+        self.free = view.kv.free_blocks
+        self.victim = victim
+        self.num_tokens: dict[int, int] = {}
+        self.preempted: list[int] = []
+        self.release: list[int] = []
+        self.reject: dict[int, str] = {}
+        self.live: list[SeqView] = []  # running, not finished, in admission order
+        for seq in view.running:
+            if seq.finished:
+                # NOTE: iteration-level policies never hold finished sequences;
+                # should one be left running, let it go rather than leak its KV.
+                self.release.append(seq.rid)
+                self.free += held_blocks(view.kv, seq)
+            else:
+                self.live.append(seq)
+        self.slots = max_num_seqs - len(self.live)
+
+    # -- primitives -------------------------------------------------------
+    def _try(self, seq: SeqView, q: int) -> bool:
+        """Schedule ``q`` tokens of ``seq`` if its KV growth fits; True if it did."""
+        need = self.view.kv.blocks_needed(seq, seq.num_computed + q)
+        if need > self.free:
+            return False
+        self.free -= need
+        self.budget -= q
+        self.num_tokens[seq.rid] = q
+        return True
+
+    def _preempt(self, seq: SeqView) -> None:
+        self.preempted.append(seq.rid)
+        self.free += held_blocks(self.view.kv, seq)
+        self.slots += 1
+
+    def _unscheduled(self) -> list[SeqView]:
+        gone = set(self.preempted)
+        return [s for s in self.live if s.rid not in gone and s.rid not in self.num_tokens]
+
+    # -- moves --------------------------------------------------------------
+    def schedule_decodes(self) -> None:
+        """One token per running decode, preempting by recompute when KV runs out.
+
+        vLLM v0 ``_schedule_running``: take running sequences oldest first;
+        while one cannot grow, preempt the most recently admitted sequence not
+        yet scheduled; if that victim is the sequence itself, stop there.
+        """
+        for seq in [s for s in self.live if not s.in_prefill]:
+            if seq.rid in self.preempted:
+                continue
+            if self.budget < 1:
+                break
+            while not self._try(seq, 1):
+                victim = self.victim(self._unscheduled())
+                self._preempt(victim)
+                if victim.rid == seq.rid:
+                    return
+
+    def schedule_partial_prefills(self) -> bool:
+        """Next chunk, ``min(pending, budget left)``, for each running prefill in admission order.
+
+        Returns False when one could not be scheduled (budget spent or KV
+        full): callers then admit nobody new, so a stalled prefill is not
+        overtaken.
+        """
+        for seq in self.live:
+            if not seq.in_prefill or seq.rid in self.preempted:
+                continue
+            if self.budget < 1 or not self._try(seq, min(seq.pending, self.budget)):
+                return False
+        return True
+
+    def admit(self, candidates: Sequence[SeqView], chunked: bool) -> None:
+        """Admit waiting sequences in the given order until one does not fit.
+
+        Whole prompts (``chunked=False``) need their whole ``pending`` within
+        the budget left; a prompt larger than the whole budget can never run
+        and is rejected. Chunked admissions take ``min(pending, budget left)``.
+        Either way a sequence needs a free slot and blocks for
+        ``num_computed + q`` tokens; the first that fails stops admission (FCFS).
+        """
+        for seq in candidates:
+            if not chunked and seq.pending > self.cap:
+                self.reject[seq.rid] = (f"needs {seq.pending} tokens in one step but "
+                                        f"max_num_batched_tokens is {self.cap}")
+                continue
+            if self.slots < 1 or self.budget < 1:
+                return
+            q = min(seq.pending, self.budget) if chunked else seq.pending
+            if q > self.budget or not self._try(seq, q):
+                return
+            self.slots -= 1
+
+    def plan(self) -> BatchPlan:
+        """The step as a value; victims listed in admission order.
+
+        The engine puts preempted sequences at the front of the queue in plan
+        order, so listing them oldest first restores their admission order
+        (as vLLM does).
+        """
+        rank = {s.rid: i for i, s in enumerate(self.live)}
+        return BatchPlan(
+            num_tokens=self.num_tokens,
+            preempt=tuple(sorted(self.preempted, key=rank.__getitem__)),
+            release=tuple(self.release),
+            reject=self.reject,
+        )
