@@ -15,9 +15,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from policies.base import PolicyConfig
 from sim.types import BatchPlan
 
-__all__ = ["ContractError", "FakeSeq", "FakeKV", "FakeView", "make_view", "decoding", "apply", "simulate", "Run"]
+__all__ = ["ContractError", "FakeSeq", "FakeKV", "FakeView", "make_view", "decoding", "apply", "simulate", "Run",
+           "OneAtATime"]
 
 
 class ContractError(AssertionError):
@@ -234,3 +236,21 @@ def simulate(policy, seqs: list[FakeSeq], kv: FakeKV, *, step_s: float = 1.0, ma
         view.now = wake
     return run
 
+
+
+class OneAtATime:
+    """A minimal outside policy, loadable as ``tests.policy_fakes:OneAtATime``:
+    runs the oldest request alone, whole prompt then decodes."""
+
+    Config = PolicyConfig
+    name = "one_at_a_time"
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    def schedule(self, view) -> BatchPlan:
+        if view.running:
+            return BatchPlan(num_tokens={view.running[0].rid: view.running[0].pending})
+        if view.waiting:
+            return BatchPlan(num_tokens={view.waiting[0].rid: view.waiting[0].pending})
+        return BatchPlan()
