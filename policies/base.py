@@ -66,9 +66,11 @@ def blocks_for(tokens: int, block_size: int) -> int:
 def held_blocks(kv: KVView, seq: SeqView, reserve: int = 0) -> int:
     """Blocks ``seq`` holds now, i.e. what preempting or releasing it frees.
 
-    The engine holds ``max(reserve, num_computed)`` tokens' worth of blocks
-    for a sequence after each step, so this is exact for the engine's
-    allocator. NOTE: ``KVView`` has no "blocks held" query; with prefix
-    caching a shared block would not be freed and this would overcount.
+    Asks the KV handle (exact, prefix-cache aware). NOTE: ``reserve`` is kept
+    for fakes without ``blocks_held``: they fall back to the engine's rule of
+    ``max(reserve, num_computed)`` tokens' worth of blocks.
     """
+    held = getattr(kv, "blocks_held", None)
+    if held is not None:
+        return held(seq)
     return blocks_for(max(reserve, seq.num_computed), kv.block_size)

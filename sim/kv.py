@@ -52,6 +52,10 @@ class PagedKVCache:
         """Blocks held by sequence ``rid``."""
         return self._held.get(rid, 0)
 
+    def blocks_held(self, seq) -> int:
+        """Blocks ``seq`` holds (all freed when it is preempted or released)."""
+        return self._held.get(seq.rid, 0)
+
     def blocks_needed(self, seq, total_tokens: int) -> int:
         """Extra blocks ``seq`` needs to hold ``total_tokens`` tokens."""
         need = -(-total_tokens // self.block_size) - self._held.get(seq.rid, 0)

@@ -54,6 +54,11 @@ class KVView(Protocol):
     @property
     def free_blocks(self) -> int: ...
 
+    def blocks_held(self, seq: SeqView) -> int:
+        """Blocks ``seq`` holds now (what preempting or releasing it frees,
+        less any blocks shared through the prefix cache)."""
+        ...
+
     def blocks_needed(self, seq: SeqView, total_tokens: int) -> int:
         """Extra blocks ``seq`` needs to hold ``total_tokens`` tokens of KV
         (0 when it already holds enough). Prefix-cache hits are counted."""
