@@ -1,0 +1,172 @@
+"""Arrival processes: when requests arrive, as a sorted float64 array (seconds).
+
+Each process is a small function ``(cfg, rng, n, duration) -> times``: draw
+until ``n`` requests exist or the process clock passes ``duration`` (whichever
+comes first; at least one of them is given). All randomness comes from the
+``numpy.random.Generator`` passed in, and every draw is vectorized in chunks,
+so a million arrivals cost a few milliseconds.
+
+Time origin: the first request arrives at t = 0. Renewal processes (poisson,
+gamma, constant, empirical) start with a request at 0 and then draw gaps, as
+``vllm bench serve`` does; the time-varying ones (onoff, diurnal) run on
+their own clock from 0 and are shifted so their first request is at 0. A zero
+rate yields no requests.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sim.errors import InputError
+
+from .config import (ArrivalConfig, ConstantArrival, DiurnalArrival, EmpiricalArrival,
+                     GammaArrival, OnOffArrival, PoissonArrival)
+
+__all__ = ["generate", "renewal", "poisson", "gamma", "constant", "onoff", "diurnal", "empirical"]
+
+_EMPTY = np.zeros(0, dtype=np.float64)
+
+
+def _chunk(expected: float) -> int:
+    """Draws per chunk: the expected count plus six standard deviations, so one chunk nearly always suffices."""
+    return int(min(expected + 6.0 * math.sqrt(expected) + 16.0, 1 << 24))
+
+
+def _cut(t: np.ndarray, n: int | None, duration: float | None) -> np.ndarray:
+    if duration is not None:
+        t = t[: np.searchsorted(t, duration, side="left")]
+    return t[:n] if n is not None else t
+
+
+def renewal(draw: Callable[[int], np.ndarray], mean_gap: float, n: int | None, duration: float | None) -> np.ndarray:
+    """First request at 0, then gaps from ``draw(k)`` (k i.i.d. gaps), until ``n`` or ``duration``."""
+    if n == 0 or (duration is not None and duration <= 0):
+        return _EMPTY
+    if duration is None:
+        assert n is not None
+        return np.concatenate(([0.0], np.cumsum(draw(n - 1))))
+    expected = duration / mean_gap + 1.0 if mean_gap > 0 else float(n or 0)
+    size = _chunk(min(expected, n) if n is not None else expected)
+    parts, last, count = [np.zeros(1)], 0.0, 1
+    while last < duration and (n is None or count < n):
+        t = last + np.cumsum(draw(size))
+        parts.append(t)
+        last, count = float(t[-1]), count + size
+    return _cut(np.concatenate(parts), n, duration)
+
+
+def poisson(cfg: PoissonArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
+    """Exponential gaps with mean 1/rate."""
+    if cfg.rate == 0:
+        return _EMPTY
+    return renewal(lambda k: rng.exponential(1.0 / cfg.rate, k), 1.0 / cfg.rate, n, duration)
+
+
+def gamma(cfg: GammaArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
+    """Gamma gaps with mean 1/rate and coefficient of variation cv (shape 1/cv^2)."""
+    if cfg.rate == 0:
+        return _EMPTY
+    shape = 1.0 / cfg.cv**2
+    scale = 1.0 / (cfg.rate * shape)
+    return renewal(lambda k: rng.gamma(shape, scale, k), 1.0 / cfg.rate, n, duration)
+
+
+def constant(cfg: ConstantArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
+    """One request every 1/rate seconds (no randomness)."""
+    if cfg.rate == 0:
+        return _EMPTY
+    count = n if duration is None else math.ceil(duration * cfg.rate) + 1
+    if n is not None:
+        count = min(count, n)
+    return _cut(np.arange(count, dtype=np.float64) / cfg.rate, n, duration)
+
+
+def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
+    """Two-state MMPP: exponential on/off periods, Poisson arrivals at the state's rate.
+
+    The process starts in the on state with probability mean_on/(mean_on+mean_off)
+    (its stationary distribution), so the long-run rate holds from t = 0.
+    """
+    cycle = cfg.mean_on_s + cfg.mean_off_s
+    mean_rate = (cfg.rate_on * cfg.mean_on_s + cfg.rate_off * cfg.mean_off_s) / cycle
+    if mean_rate == 0 or n == 0 or (duration is not None and duration <= 0):
+        return _EMPTY
+    want = n if duration is None else duration * mean_rate
+    if n is not None:
+        want = min(want, n)
+    pairs = max(8, int(1.2 * want / (mean_rate * cycle)) + 8)
+    means = np.array([cfg.mean_on_s, cfg.mean_off_s])
+    rates = np.array([cfg.rate_on, cfg.rate_off])
+    first = 0 if rng.random() < cfg.mean_on_s / cycle else 1
+    parts, clock, count = [], 0.0, 0
+    while (n is None or count < n) and (duration is None or clock < duration):
+        state = (np.arange(2 * pairs) + first) % 2
+        length = rng.exponential(means[state])
+        start = clock + np.concatenate(([0.0], np.cumsum(length[:-1])))
+        k = rng.poisson(rates[state] * length)
+        t = np.repeat(start, k) + rng.random(int(k.sum())) * np.repeat(length, k)
+        parts.append(np.sort(t))
+        clock, count = float(start[-1] + length[-1]), count + int(k.sum())
+    t = _cut(np.concatenate(parts), n, duration)
+    return t - t[0] if len(t) else t
+
+
+def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
+    """Poisson with rate(t) = rate * (1 + amplitude * cos(2 pi (t - phase_s) / period_s)), by thinning."""
+    if cfg.rate == 0 or n == 0 or (duration is not None and duration <= 0):
+        return _EMPTY
+    peak = cfg.rate * (1.0 + cfg.amplitude)
+    want = n if duration is None else duration * cfg.rate
+    if n is not None:
+        want = min(want, n)
+    size = _chunk(want * peak / cfg.rate)
+    parts, clock, count = [], 0.0, 0
+    while (n is None or count < n) and (duration is None or clock < duration):
+        cand = clock + np.cumsum(rng.exponential(1.0 / peak, size))
+        ratio = (1.0 + cfg.amplitude * np.cos(2 * np.pi * (cand - cfg.phase_s) / cfg.period_s)) / (1.0 + cfg.amplitude)
+        keep = cand[rng.random(size) < ratio]
+        parts.append(keep)
+        clock, count = float(cand[-1]), count + len(keep)
+    t = _cut(np.concatenate(parts), n, duration)
+    return t - t[0] if len(t) else t
+
+
+def empirical(cfg: EmpiricalArrival, rng: np.random.Generator, n: int | None, duration: float | None,
+              base_dir: Path | None = None) -> np.ndarray:
+    """Gaps resampled with replacement from a trace, optionally rescaled to ``rate``.
+
+    NOTE: an i.i.d. bootstrap keeps the gap distribution (so its CV) but not the
+    correlation between consecutive gaps: a trace's slow bursts become short ones.
+    """
+    from .traces import load_timed  # local import: traces uses renewal() from here
+
+    if cfg.rate == 0:
+        return _EMPTY
+    t = load_timed(cfg.trace, base_dir, rng)[0]
+    gaps = np.diff(t)
+    if len(gaps) == 0 or gaps.sum() <= 0:
+        raise InputError(
+            f"{len(t)} request(s) spanning {float(t[-1] - t[0]) if len(t) else 0.0} s; "
+            "expected at least two distinct arrival times to take gaps from",
+            f"workload.arrival.trace ({cfg.trace.path})",
+        )
+    if cfg.rate is not None:
+        gaps = gaps * (1.0 / cfg.rate) / gaps.mean()
+    return renewal(lambda k: rng.choice(gaps, k), float(gaps.mean()), n, duration)
+
+
+_PROCESSES = {"poisson": poisson, "gamma": gamma, "constant": constant, "onoff": onoff, "diurnal": diurnal}
+
+
+def generate(cfg: ArrivalConfig, rng: np.random.Generator, n: int | None, duration: float | None,
+             base_dir: Path | None = None) -> np.ndarray:
+    """Arrival times for ``cfg``: sorted float64 seconds, the first at 0 (or none)."""
+    if n is None and duration is None:
+        raise ValueError("generate() needs n or duration")
+    if cfg.process == "empirical":
+        return empirical(cfg, rng, n, duration, base_dir)
+    return _PROCESSES[cfg.process](cfg, rng, n, duration)
