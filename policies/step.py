@@ -39,6 +39,9 @@ class IterationConfig(PolicyConfig):
         8192, ge=1, description="Most tokens computed in one step (vLLM --max-num-batched-tokens).")
     order: QueueOrder = Field(
         "fcfs", description="Order in which waiting sequences are tried for admission; preempted ones stay first.")
+    enable_prefix_caching: bool = Field(
+        False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
+                           "--enable-prefix-caching); needs prefix hashes in the workload.")
 
     @field_validator("max_num_batched_tokens")
     @classmethod

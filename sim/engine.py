@@ -84,6 +84,8 @@ class Replica:
         env = self.env
         admin_only = 0
         while True:
+            if self.kv.prefix_caching:
+                self._peek()
             plan = self.policy.schedule(self.view)
             preempted = self._admit(plan)
             if not plan.num_tokens:
@@ -104,6 +106,16 @@ class Replica:
             self.busy_s += cost.seconds
             self._advance(plan)
             self._record(plan, shape, cost, useful_flops, start, preempted)
+
+    def _peek(self, depth: int = 256) -> None:
+        # NOTE: only the head of the queue is looked up each round: policies
+        # admit from the front, and a deep lookup per step would cost O(queue).
+        kv = self.kv
+        for i, seq in enumerate(self.waiting):
+            if i >= depth:
+                break
+            seq.num_computed = 0  # waiting sequences hold no KV; re-count their cached prefix
+            kv.peek(seq)
 
     def _idle(self, plan: BatchPlan):
         now = self.env.now
@@ -152,6 +164,11 @@ class Replica:
             seq.is_running = True
             if seq.admitted is None:
                 seq.admitted = now
+        if kv.prefix_caching:
+            # NOTE: pin every admission's cached prefix before any allocation,
+            # so one admission's eviction can't take what peek promised another.
+            for seq in admitted:
+                kv.pin(seq)
         self.running.extend(admitted)
         reserve = plan.reserve
         for rid, q in plan.num_tokens.items():
@@ -204,10 +221,13 @@ class Replica:
     def _advance(self, plan: BatchPlan) -> None:
         """Apply a finished step: tokens advance, stamps, completions."""
         now, seqs, itl = self.env.now, self.seqs, self.itl
+        prefix = self.kv.prefix_caching
         done = []
         for rid, q in plan.num_tokens.items():
             seq = seqs[rid]
             seq.num_computed += q
+            if prefix and seq.num_computed - q < seq.prompt_tokens:
+                self.kv.register(seq)
             if seq.num_computed != seq.num_tokens:
                 continue
             seq.num_generated += 1

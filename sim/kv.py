@@ -26,7 +26,7 @@ def blocks_for_tokens(tokens: int, block_size: int) -> int:
 class PagedKVCache:
     """Counts KV blocks held per sequence against a fixed capacity."""
 
-    __slots__ = ("block_size", "total_blocks", "_held", "_used", "peak_used")
+    prefix_caching = False
 
     def __init__(self, total_blocks: int, block_size: int) -> None:
         if total_blocks < 1:
@@ -83,3 +83,15 @@ class PagedKVCache:
         n = self._held.pop(rid, 0)
         self._used -= n
         return n
+
+    # Prefix-caching hooks (see sim.prefix); no-ops without a prefix cache.
+    def peek(self, seq) -> None:
+        """Before scheduling: count a waiting sequence's cached prefix."""
+
+    def pin(self, seq) -> None:
+        """On admission: take the cached prefix ``peek`` promised."""
+
+    def register(self, seq) -> None:
+        """After a step: cache the prompt units ``seq`` has computed."""
+
+    hit_rate = 0.0

@@ -24,7 +24,9 @@ from sim import __version__
 from sim.config import Scenario
 from sim.engine import Cluster, Replica
 from sim.io import write_csv, write_json
+from sim.errors import InputError
 from sim.kv import PagedKVCache
+from sim.prefix import PrefixKVCache
 from sim.metrics import RunTotals, summarize
 from sim.protocols import CostModel
 from sim.records import ItlLog, StepLog, request_frame
@@ -89,6 +91,17 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
                  max_model_len=int(model.max_position_embeddings), meta=meta)
 
 
+def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
+    blocks = parts.kv_tokens(cfg.gpu_memory_utilization) // cfg.block_size
+    if not getattr(cfg, "enable_prefix_caching", False):
+        return PagedKVCache(blocks, cfg.block_size)
+    wl = parts.workload
+    if wl.prefix_hashes is None or not wl.prefix_block_tokens:
+        raise InputError("enable_prefix_caching needs prefix hashes in the workload (a Mooncake "
+                         "trace's hash_ids, or workload.shared_prefix)", "policy.enable_prefix_caching")
+    return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
+
+
 def simulate(scenario: Scenario, parts: Parts) -> RunResult:
     """Run one scenario's policy over prebuilt parts."""
     env = simpy.Environment()
@@ -97,7 +110,7 @@ def simulate(scenario: Scenario, parts: Parts) -> RunResult:
     for i in range(scenario.replicas):
         policy = policies.create_policy(scenario.policy)
         cfg = policy.config
-        kv = PagedKVCache(parts.kv_tokens(cfg.gpu_memory_utilization) // cfg.block_size, cfg.block_size)
+        kv = _kv_cache(parts, cfg)
         max_len = min(parts.max_model_len, cfg.max_model_len or parts.max_model_len)
         replicas.append(Replica(env, i, policy, parts.cost, kv, max_len, steps, itl))
     route = make_router(scenario.router, _seeds(scenario.seed)[1])
@@ -118,11 +131,25 @@ def simulate(scenario: Scenario, parts: Parts) -> RunResult:
     )
     summary = summarize(requests, step_df, itl.frame(), totals, policy=replicas[0].policy.name,
                         slo=scenario.slo.limits())
+    if kv0.prefix_caching:
+        hits, looks = sum(r.kv.hits for r in replicas), sum(r.kv.lookups for r in replicas)
+        summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
+    if scenario.replicas > 1:
+        summary.update(_per_replica(requests, scenario.replicas))
     meta = dict(parts.meta, policy=replicas[0].policy.name, kv_blocks=kv0.total_blocks,
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
     return RunResult(scenario, summary, requests, step_df, itl.frame(), meta)
+
+
+def _per_replica(requests: pd.DataFrame, n: int) -> dict:
+    """Requests completed per replica and the imbalance max/mean (1.0 = even)."""
+    done = requests[requests["status"] == "completed"]
+    counts = np.bincount(done["replica"].to_numpy(dtype=np.int64), minlength=n)[:n]
+    mean = counts.mean() if n else 0.0
+    return {"per_replica_completed": [int(c) for c in counts],
+            "load_imbalance": float(counts.max() / mean) if mean else 1.0}
 
 
 def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:

@@ -36,12 +36,13 @@ def workload(arrivals, prompts, outputs) -> Workload:
 
 def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_blocks: int = 1000,
                block_size: int = 16, max_model_len: int = 100_000, router: str = "round_robin",
-               horizon: float | None = None, seed: int = 0):
+               horizon: float | None = None, seed: int = 0, kv_factory=None):
     """Run the engine directly; returns (requests df, steps df, itl df, cluster)."""
     env = simpy.Environment()
     steps, itl = StepLog(), ItlLog()
     cost = cost or ConstantCost()
-    reps = [Replica(env, i, policy_factory(), cost, PagedKVCache(kv_blocks, block_size),
+    kv_factory = kv_factory or (lambda: PagedKVCache(kv_blocks, block_size))
+    reps = [Replica(env, i, policy_factory(), cost, kv_factory(),
                     max_model_len, steps, itl) for i in range(replicas)]
     cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl)
     env.run(until=horizon)
