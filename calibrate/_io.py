@@ -1,0 +1,82 @@
+"""Reading catalog entries and user files into validated pydantic values.
+
+Models and hardware profiles are both "a catalog name or a path": this module
+resolves the name, reads YAML or JSON, and turns pydantic's validation errors
+into one :class:`sim.errors.InputError` that names the file, the field and the
+offending value, which is what the CLI prints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sim.errors import InputError
+
+__all__ = ["catalog_names", "resolve", "read_mapping", "validate"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def catalog_names(directory: Path) -> list[str]:
+    """Sorted stems of the ``*.yaml`` files in a catalog directory."""
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+def resolve(name_or_path: str, directory: Path, kind: str) -> Path:
+    """A catalog entry's file, or an existing user file; else InputError."""
+    names = catalog_names(directory)
+    if name_or_path in names:
+        return directory / f"{name_or_path}.yaml"
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json"
+    raise InputError(f"unknown {kind} {name_or_path!r}: not a catalog name ({', '.join(names)}) "
+                     "and no such file")
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """Read a JSON (``.json``) or YAML file that must hold a mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", where=str(path)) from e
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise InputError(f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}",
+                         where=str(path)) from e
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping at the top level, got {type(data).__name__}",
+                         where=str(path))
+    return data
+
+
+def _lookup(data: Any, loc: tuple) -> Any:
+    for key in loc:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def validate(cls: type[M], data: dict[str, Any], where: str) -> M:
+    """``cls.model_validate(data)`` with errors that name file, field and value."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "missing":
+            raise InputError(f"missing required field {field!r}", where=f"{where}: {field}") from None
+        value = err.get("input", _lookup(data, loc))
+        raise InputError(f"{msg} (got {value!r})", where=f"{where}: {field}") from None
