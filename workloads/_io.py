@@ -86,11 +86,13 @@ def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     _missing(path, columns, list(names), "column")
     # NOTE: na_filter=False keeps the text of bad cells for the error message and
     # skip_blank_lines=False keeps row i on line i + 2; both cost nothing on clean files.
+    # Every column is parsed (no usecols): with usecols pandas silently accepts rows with
+    # extra fields, which is how an unquoted comma shifts a row's values unnoticed.
     try:
-        df = pd.read_csv(path, sep=sep, usecols=[names[c] for c in columns], na_filter=False,
-                         skip_blank_lines=False, low_memory=False)
+        df = pd.read_csv(path, sep=sep, na_filter=False, skip_blank_lines=False, low_memory=False,
+                         index_col=False)
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise fail(path, None, None, f"cannot parse the file ({e}); expected comma-separated rows") from None
+        raise fail(path, None, None, f"cannot parse the file ({str(e).strip()}); expected rows with one field per header column") from None
     cols = {c: df[names[c]].to_numpy() for c in columns}
     lines = np.arange(2, len(df) + 2, dtype=np.int64)
     blank = np.ones(len(df), dtype=bool)
@@ -230,20 +232,29 @@ def numbers(table: Table, column: str, expected: str, *, nonneg: bool = True) ->
     try:
         vals = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError):
-        vals = np.asarray(pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce"), dtype=np.float64)
-        bad = np.isnan(vals) & ~pd.isna(pd.Series(raw, dtype=object)).to_numpy()
-        for i in np.flatnonzero(bad)[:1]:
-            raise table.error(i, column, f"{_fmt(raw[i])} is not a number; expected {expected}")
+        _first_non_number(table, column, expected)
+        raise
     bad = ~np.isfinite(vals)
     if bad.any():
         i = int(np.argmax(bad))
         what = "missing value" if np.isnan(vals[i]) else "infinite value"
-        shown = "" if raw[i] is None else _fmt(raw[i])
-        raise table.error(i, column, f"{what} {shown or repr('')}; expected {expected}")
+        shown = "" if raw[i] is None else " " + _fmt(raw[i])
+        raise table.error(i, column, f"{what}{shown}; expected {expected}")
     if nonneg and (vals < 0).any():
         i = int(np.argmax(vals < 0))
         raise table.error(i, column, f"negative value {_fmt(raw[i])}; expected {expected}")
     return vals
+
+
+def _first_non_number(table: Table, column: str, expected: str) -> None:
+    """Raise for the first value ``float()`` rejects (the slow path, run only on bad files)."""
+    for i, v in enumerate(table.columns[column]):
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            if isinstance(v, str) and not v.strip():
+                raise table.error(i, column, f"missing value {v!r}; expected {expected}") from None
+            raise table.error(i, column, f"{_fmt(v)} is not a number; expected {expected}") from None
 
 
 def tokens(table: Table, column: str) -> np.ndarray:
