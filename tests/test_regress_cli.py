@@ -1,0 +1,148 @@
+"""`batchsim regress` end to end on real (small, pinned) simulations.
+
+Runs in-process through ``sim.cli.main`` so exit codes are the console
+script's, and so one test can stand in for a scheduler change by swapping
+the registered ``continuous`` class for one with a different knob default.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from reports.regression import DEFAULT_METRICS
+
+SCENARIO = """\
+name: cli-regress
+model: llama-3-8b
+hardware: h100-sxm
+policy: {name: continuous}
+workload:
+  num_requests: 200
+  arrival: {process: poisson, rate: 12.0}
+  prompt_tokens: {dist: lognormal, median: 600, p90: 2500, max: 8000}
+  output_tokens: {dist: lognormal, median: 120, p90: 400, max: 1000}
+slo: {ttft_ms: 2000, tpot_ms: 100}
+seed: 5
+"""
+
+
+def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    """Run the console script in-process: (exit code, stdout, stderr)."""
+    from sim.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["batchsim", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A folder with the scenario and a baseline recorded from it (one simulation)."""
+    from sim.regress import regress
+
+    d = tmp_path_factory.mktemp("recorded")
+    (d / "s.yaml").write_text(SCENARIO)
+    rep = regress([d / "s.yaml"], d / "base.json", update=True)
+    assert rep.exit_code == 0
+    return d
+
+
+@pytest.fixture
+def work(recorded, tmp_path, monkeypatch):
+    """A private copy of the recorded folder, as the working directory."""
+    d = tmp_path / "w"
+    shutil.copytree(recorded, d)
+    monkeypatch.chdir(d)
+    return d
+
+
+def test_unchanged_code_exits_0_with_junit_and_markdown(work, capsys, monkeypatch):
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json",
+                       "--junit", "out/junit.xml", "--markdown", "out/summary.md")
+    assert code == 0, out
+    assert "OK: no regressions in 1 scenario(s)" in out
+    root = ET.parse(work / "out" / "junit.xml").getroot()
+    cases = root.findall("./testsuite/testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [("s.yaml", m) for m in DEFAULT_METRICS]
+    assert root.get("failures") == "0" and not root.findall(".//failure")
+    md = (work / "out" / "summary.md").read_text()
+    assert ":white_check_mark: no regressions" in md
+
+
+def test_changed_policy_knob_exits_1_naming_scenario_metric_and_values(work, capsys, monkeypatch):
+    """A scheduler change: the code's default max_num_seqs drops from 256 to 4.
+
+    The scenario file is untouched (it leaves the knob at its default), so its
+    hash still matches and the metrics alone must catch the change."""
+    from policies import registry
+    from policies.continuous import ContinuousConfig, ContinuousPolicy
+
+    class SmallerConfig(ContinuousConfig):
+        max_num_seqs: int = 4
+
+    class Changed(ContinuousPolicy):
+        Config = SmallerConfig
+
+    monkeypatch.setitem(registry._REGISTRY, "continuous", Changed)
+    base = json.loads((work / "base.json").read_text())["scenarios"]["s.yaml"]["metrics"]
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json",
+                       "--junit", "junit.xml")
+    assert code == 1, out
+    assert "SCENARIO" not in out  # not a hash mismatch: a real regression
+    lines = [ln for ln in out.splitlines() if ln.startswith("REGRESSED s.yaml: p99_ttft_ms: ")]
+    assert len(lines) == 1, out
+    assert f"p99_ttft_ms: {_fmt(base['p99_ttft_ms'])} -> " in lines[0]
+    failures = ET.parse(work / "junit.xml").getroot().findall(".//failure")
+    assert any("s.yaml: p99_ttft_ms:" in f.get("message") for f in failures)
+
+
+def test_changed_scenario_is_explained_and_fails(work, capsys, monkeypatch):
+    old = json.loads((work / "base.json").read_text())["scenarios"]["s.yaml"]["scenario_hash"]
+    (work / "s.yaml").write_text(SCENARIO.replace("{name: continuous}", "{name: continuous, max_num_seqs: 4}"))
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json")
+    assert code == 1
+    assert f"SCENARIO s.yaml: scenario inputs changed since the baseline was recorded (changed: scenario): hash {old} -> sha256:" in out
+    assert "REGRESSED s.yaml: median_ttft_ms" in out  # the diffs are still shown
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json", "--update")
+    assert code == 0 and "baseline base.json updated" in out
+    assert cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json")[0] == 0
+
+
+def test_improvement_exits_0_and_is_reported(work, capsys, monkeypatch):
+    doc = json.loads((work / "base.json").read_text())
+    metrics = doc["scenarios"]["s.yaml"]["metrics"]
+    metrics["p99_e2el_ms"] *= 1.5  # the baseline was worse than today
+    (work / "base.json").write_text(json.dumps(doc))
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json",
+                       "--markdown", "summary.md", "--changes")
+    assert code == 0, out
+    assert "IMPROVED s.yaml: p99_e2el_ms: " in out and "1 improvement(s)" in out
+    md = (work / "summary.md").read_text()
+    assert "`p99_e2el_ms`" in md.split("### Improvements")[1]
+
+
+def test_bad_input_exits_2(work, capsys, monkeypatch):
+    code, _, err = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "none.json")
+    assert code == 2 and "baseline file not found" in err and "--update" in err
+    (work / "p.yaml").write_text(SCENARIO.replace("{name: continuous}", "{name: no_such_policy}"))
+    code, _, err = cli(capsys, monkeypatch, "regress", "p.yaml", "--baseline", "base.json")
+    assert code == 2 and "unknown policy 'no_such_policy'" in err
+    code, _, err = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json", "--rtol", "-1")
+    assert code == 2
+
+
+def _fmt(v: float) -> str:
+    from reports.regression import fmt
+
+    return fmt(v)
