@@ -37,6 +37,10 @@ def _chunk(expected: float) -> int:
 
 
 def _cut(t: np.ndarray, n: int | None, duration: float | None) -> np.ndarray:
+    """The first ``n`` times before ``duration``; times that overflow float64 (rates
+    near 1e-308) never happen and are dropped."""
+    if len(t) and not np.isfinite(t[-1]):
+        t = t[: np.searchsorted(t, np.inf, side="left")]
     if duration is not None:
         t = t[: np.searchsorted(t, duration, side="left")]
     return t[:n] if n is not None else t
@@ -48,7 +52,7 @@ def renewal(draw: Callable[[int], np.ndarray], mean_gap: float, n: int | None, d
         return _EMPTY
     if duration is None:
         assert n is not None
-        return np.concatenate(([0.0], np.cumsum(draw(n - 1))))
+        return _cut(np.concatenate(([0.0], np.cumsum(draw(n - 1)))), n, None)
     expected = duration / mean_gap + 1.0 if mean_gap > 0 else float(n or 0)
     size = _chunk(min(expected, n) if n is not None else expected)
     parts, last, count = [np.zeros(1)], 0.0, 1
@@ -82,7 +86,9 @@ def constant(cfg: ConstantArrival, rng: np.random.Generator, n: int | None, dura
     count = n if duration is None else math.ceil(duration * cfg.rate) + 1
     if n is not None:
         count = min(count, n)
-    return _cut(np.arange(count, dtype=np.float64) / cfg.rate, n, duration)
+    with np.errstate(over="ignore"):
+        t = np.arange(count, dtype=np.float64) / cfg.rate
+    return _cut(t, n, duration)
 
 
 def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
