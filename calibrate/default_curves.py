@@ -34,7 +34,7 @@ __all__ = ["DEVICE_PARAMS", "default_efficiency", "gemm_shape", "write_efficienc
 
 # g(x): achieved / best GEMM compute fraction at M = x * ridge tokens.
 _G_X = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0)
-_G_Y = (0.094, 0.19, 0.33, 0.52, 0.74, 0.95, 1.0)
+_G_Y = (0.094, 0.188, 0.33, 0.52, 0.74, 0.95, 1.0)
 _SMALL_SLOPE = _G_Y[0] / _G_X[0]  # g(x) ~ 1.5 x below the table: tile quantisation
 
 # Prefill attention fraction of peak vs prefill tokens (causal, head_dim 128).

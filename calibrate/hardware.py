@@ -11,7 +11,8 @@ efficiency entry per operator class:
 - ``measured_range`` (calibrated profiles): the token and byte ranges the
   curves were fitted on; a prediction outside them is counted, never silent.
 
-Curves are interpolated linearly in log-size and clamped at their ends. The
+Curves are interpolated as power laws between points (linear in log-log)
+and clamped at their ends. The
 calibration step (``batchsim calibrate``) writes the same schema with
 :func:`save_hardware`, so a fitted profile is a drop-in replacement for a
 datasheet one.

@@ -1,0 +1,235 @@
+"""The roofline cost model: what one forward step costs on one replica.
+
+:class:`RooflineCostModel` implements :class:`sim.protocols.CostModel`. It
+prices a :class:`~sim.types.StepShape` operator by operator on one
+tensor-parallel shard (all shards run in lockstep, so a shard's time is the
+replica's time): each kernel takes
+
+    max(flops / (peak_flops * e_c(tokens)), bytes / (peak_bw * e_m(bytes))) + launch
+
+with ``e_c`` / ``e_m`` read from the hardware profile's curves for the
+operator's class; all-reduces take ``latency + 2(t-1)/t * bytes / link_bw``;
+the host adds a constant plus a per-sequence cost. FLOPs and bytes are
+reported per replica (all shards) so MFU/MBU divide by per-replica peaks.
+
+``price`` runs once per simulated step. Everything that depends only on the
+step's token and sample counts is memoised per ``(tokens, sampled)``; only
+attention (which depends on every row's context) is recomputed, from a
+handful of numpy reductions over the rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from calibrate.curves import ClassEfficiency
+from calibrate.hardware import HardwareProfile
+from calibrate.models import KV_DTYPES, WEIGHT_DTYPES, ModelSpec, check_dtype
+from calibrate.work import ShardShape, Work
+from sim.errors import InputError
+from sim.types import OpCost, StepCost, StepShape
+
+__all__ = ["RooflineCostModel"]
+
+_ZERO = StepCost(seconds=0.0, flops=0.0, bytes=0.0)
+_CACHE_LIMIT = 1 << 16
+
+
+class RooflineCostModel:
+    """Prices steps of ``model`` on ``hardware`` at tensor-parallel size ``tp``.
+
+    ``dtype`` is the weight dtype (bf16, fp16, fp8, int4); ``kv_dtype`` the KV
+    cache dtype (default: ``dtype``, bf16 for int4). fp8 weights compute in
+    fp8 where the profile has an fp8 peak, else in 16 bits (weight-only);
+    int4 weights compute in fp16 (W4A16).
+    """
+
+    def __init__(self, model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
+                 dtype: str = "bf16", kv_dtype: str | None = None) -> None:
+        check_dtype(dtype, WEIGHT_DTYPES, "weight dtype")
+        if kv_dtype is None:
+            kv_dtype = "bf16" if dtype == "int4" else dtype
+        check_dtype(kv_dtype, KV_DTYPES, "KV cache dtype")
+        if tp < 1:
+            raise InputError(f"tp must be >= 1, got {tp}")
+        self.model, self.hardware, self.tp = model, hardware, tp
+        self.dtype, self.kv_dtype = dtype, kv_dtype
+        self.shard = ShardShape.of(model, tp, dtype, kv_dtype)
+        self.compute_dtype = {"int4": "fp16", "fp8": "fp8" if "fp8" in hardware.peak_tflops else "bf16"}.get(dtype, dtype)
+        self._gemm_peak = hardware.peak_flops(self.compute_dtype)
+        self._peak16 = hardware.peak_flops("bf16")
+        self._bw = hardware.bandwidth
+        self._launch = hardware.launch_latency_us * 1e-6
+        self._eff = {c: ClassEfficiency(e) for c, e in hardware.efficiency.items()}
+        link = hardware.interconnect
+        self._link_bw = link.bandwidth_gbs * 1e9 * link.efficiency
+        self._link_lat = link.latency_us * 1e-6
+        self._host = (hardware.host_overhead.per_step_us * 1e-6, hardware.host_overhead.per_seq_us * 1e-6)
+        self._dense_cache: dict[tuple[int, int], tuple] = {}
+        # per replica: what MFU and MBU divide by
+        self.peak_flops = tp * self._gemm_peak
+        self.peak_bandwidth = tp * self._bw
+        self.weight_bytes_per_gpu = self.shard.weight_bytes()
+        self.kv_bytes_per_token = tp * self.shard.kv_bytes_per_token
+
+    # -- pricing -------------------------------------------------------------
+    def price(self, shape: StepShape, breakdown: bool = False) -> StepCost:
+        """What one step costs; ``breakdown`` adds per-operator figures (slower)."""
+        q, kv = shape.q, shape.kv
+        n = q.shape[0]
+        if n == 0:
+            return _ZERO
+        T = int(q.sum())
+        if T == 0:  # only billed-but-empty rows: nothing runs
+            return _ZERO
+        if T == n and q.max() == 1:
+            # NOTE: fast path, every row is one token (decodes, and 1-token prompts with kv == 0);
+            # four reductions instead of nine, which is most of a decode step's price.
+            n_dec = int(np.count_nonzero(kv))
+            ctx_dec = int(kv.sum()) + n_dec
+            pairs = pre_kv = float(n - n_dec)
+        else:
+            kv1 = kv[q == 1]
+            n_dec = int(np.count_nonzero(kv1))
+            ctx_dec = int(kv1.sum()) + n_dec
+            # sum over rows of q*(2kv+q+1) = 2 * causal pairs; a decode row contributes 2*(kv+1)
+            pairs = (2 * int(np.dot(q, kv)) + int(np.dot(q, q)) + T) / 2.0 - ctx_dec
+            # rows with q == 0 (billed padding) compute nothing and read no KV
+            kv_read = kv.sum() if np.count_nonzero(q) == n else kv[q > 0].sum()
+            pre_kv = int(kv_read) + T - ctx_dec
+        pre, dcd = self.shard.attention(T - n_dec, pairs, pre_kv, n_dec, ctx_dec)
+        host = self._host[0] + self._host[1] * n
+        if breakdown:
+            return self._priced_breakdown(T, shape.sampled, pre, dcd, host)
+        comp, mem, net, over, flops, nbytes, oor = self._dense(T, shape.sampled)
+        for w in (pre, dcd):
+            if w is not None:
+                tc, tm, o = self._roofline(w)
+                if tc >= tm:
+                    comp += tc
+                else:
+                    mem += tm
+                over += w.kernels * self._launch
+                flops += w.flops
+                nbytes += w.bytes
+                oor += o
+        over += host
+        t = self.tp
+        return StepCost(seconds=comp + mem + net + over, flops=flops * t, bytes=nbytes * t, compute_s=comp,
+                        memory_s=mem, network_s=net, overhead_s=over, out_of_range=oor)
+
+    def _roofline(self, w: Work) -> tuple[float, float, int]:
+        """(compute time, memory time, out-of-range 0/1) of ``w``, summed over its kernels."""
+        eff = self._eff[w.op_class]
+        k = w.kernels
+        per_bytes = w.bytes / k
+        peak = self._gemm_peak if w.op_class == "gemm" else self._peak16
+        tc = w.flops / (peak * eff.compute(w.tokens)) if w.flops else 0.0
+        tm = w.bytes / (self._bw * eff.memory(per_bytes)) if w.bytes else 0.0
+        return tc, tm, int(eff.out_of_range(w.tokens, per_bytes))
+
+    def _allreduce(self, tokens: int) -> tuple[float, float, int]:
+        """(seconds, bytes sent per GPU, count) of the step's all-reduces (2 per layer)."""
+        if self.tp == 1:
+            return 0.0, 0.0, 0
+        count = 2 * self.model.num_hidden_layers
+        sent = self.shard.allreduce_bytes(tokens)
+        return count * (self._link_lat + sent / self._link_bw), count * sent, count
+
+    def _dense(self, tokens: int, sampled: int) -> tuple:
+        """Memoised totals of the non-attention operators for ``(tokens, sampled)``."""
+        key = (tokens, sampled)
+        hit = self._dense_cache.get(key)
+        if hit is not None:
+            return hit
+        comp = mem = over = flops = nbytes = 0.0
+        oor = 0
+        for w in self.shard.dense(tokens, sampled):
+            tc, tm, o = self._roofline(w)
+            if tc >= tm:
+                comp += tc
+            else:
+                mem += tm
+            over += w.kernels * self._launch
+            flops += w.flops
+            nbytes += w.bytes
+            oor += o
+        net, sent, _ = self._allreduce(tokens)
+        out = (comp, mem, net, over, flops, nbytes + sent, oor)
+        if len(self._dense_cache) >= _CACHE_LIMIT:
+            self._dense_cache.clear()
+        self._dense_cache[key] = out
+        return out
+
+    def _priced_breakdown(self, tokens: int, sampled: int, pre: Work | None, dcd: Work | None,
+                          host: float) -> StepCost:
+        """The slow path: one :class:`OpCost` per operator, in execution order."""
+        totals = {"compute": 0.0, "memory": 0.0, "launch": 0.0, "oor": 0}
+        attention = [w for w in (pre, dcd) if w is not None]
+        ops: list[OpCost] = []
+        for w in self.shard.dense(tokens, sampled):
+            ops.append(self._op(w, totals))
+            if w.name == "kv_cache_write" and attention:
+                ops.append(self._merge([self._op(a, totals) for a in attention]))
+        net, sent, count = self._allreduce(tokens)
+        if count:
+            ops.append(OpCost("allreduce", net, 0.0, sent * self.tp, "network"))
+        ops.append(OpCost("host", host, 0.0, 0.0, "overhead"))
+        over = totals["launch"] + host
+        return StepCost(seconds=totals["compute"] + totals["memory"] + net + over,
+                        flops=sum(o.flops for o in ops), bytes=sum(o.bytes for o in ops),
+                        compute_s=totals["compute"], memory_s=totals["memory"], network_s=net,
+                        overhead_s=over, out_of_range=int(totals["oor"]), breakdown=tuple(ops))
+
+    def _op(self, w: Work, totals: dict[str, float]) -> OpCost:
+        tc, tm, oor = self._roofline(w)
+        bound = "compute" if tc >= tm else "memory"
+        launch = w.kernels * self._launch
+        totals[bound] += max(tc, tm)
+        totals["launch"] += launch
+        totals["oor"] += oor
+        return OpCost(w.name, max(tc, tm) + launch, w.flops * self.tp, w.bytes * self.tp, bound)
+
+    @staticmethod
+    def _merge(parts: list[OpCost]) -> OpCost:
+        """Prefill and decode attention of one step shown as one ``attention`` operator."""
+        if len(parts) == 1:
+            return parts[0]
+        main = max(parts, key=lambda o: o.seconds)
+        return OpCost("attention", sum(o.seconds for o in parts), sum(o.flops for o in parts),
+                      sum(o.bytes for o in parts), main.bound)
+
+    # -- helpers for validation and calibration --------------------------------
+    def gemm_seconds(self, m: int, k: int, n: int) -> float:
+        """Kernel time of one (m x k) @ (k x n) GEMM with this model's weight dtype (no launch)."""
+        tc, tm, _ = self._roofline(self.shard.gemm("gemm", 1, m, k, n))
+        return max(tc, tm)
+
+    # -- memory ----------------------------------------------------------------
+    def kv_capacity_tokens(self, gpu_memory_utilization: float, max_num_batched_tokens: int = 8192,
+                           max_num_seqs: int = 256) -> int:
+        """Tokens of KV cache one replica holds (every shard holds the same tokens).
+
+        (memory x utilization - weights/tp - runtime reserve - activations) /
+        KV bytes per token, per GPU. Raises InputError when nothing is left.
+        """
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        hw, gib = self.hardware, 2.0**30
+        usable = hw.memory_bytes * gpu_memory_utilization
+        reserve = hw.memory_reserve_gib * gib
+        act = self.shard.activation_bytes(max_num_batched_tokens, max_num_seqs)
+        free = usable - self.weight_bytes_per_gpu - reserve - act
+        per_token = self.shard.kv_bytes_per_token
+        if free < per_token:
+            raise InputError(
+                f"{self.model.name} ({self.dtype}) does not fit on {hw.name} at tp={self.tp}: "
+                f"{gpu_memory_utilization:g} x {hw.memory_gib:g} GiB = {usable / gib:.1f} GiB per GPU, but weights "
+                f"take {self.weight_bytes_per_gpu / gib:.1f} GiB, runtime reserve {reserve / gib:.1f} GiB and "
+                f"activations {act / gib:.1f} GiB, leaving {free / gib:.1f} GiB for the KV cache; "
+                f"raise --tp or use a smaller dtype")
+        return int(free // per_token)
+
+    def kv_capacity_blocks(self, gpu_memory_utilization: float, block_size: int = 16, **kw: int) -> int:
+        """KV capacity in paged blocks of ``block_size`` tokens."""
+        return self.kv_capacity_tokens(gpu_memory_utilization, **kw) // block_size
