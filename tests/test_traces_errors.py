@@ -60,7 +60,7 @@ def test_bad_token_values(tmp_path, body, where, what):
 def test_unparsable_timestamp(tmp_path):
     msg = azure_error(tmp_path, AZ + f"{T0},1,10\n16/11/2023 18:17,1,1\n")
     assert msg == (f"{tmp_path / 'a.csv'}, line 3, column 'TIMESTAMP': cannot parse timestamp '16/11/2023 18:17'; "
-                   "expected a timestamp like '%Y-%m-%d %H:%M:%S.%f'")
+                   "expected an ISO 8601 timestamp like '2023-11-16 18:17:03.9799600'")
 
 
 def test_missing_column_lists_what_the_file_has(tmp_path):

@@ -28,6 +28,15 @@ def test_azure_parses_seven_digit_timestamps_and_rebases():
     assert w.arrival.dtype == np.float64 and w.prompt_tokens.dtype == np.int64
 
 
+def test_azure_2024_timestamps_with_zone_and_without_fraction(tmp_path):
+    (tmp_path / "a.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2024-05-10 00:00:00.009930+00:00,10,1\n"
+                                    "2024-05-10 00:00:01+00:00,20,2\n"
+                                    "2024-05-10 02:00:02.5+02:00,30,3\n")
+    w = build({"format": "azure", "path": "a.csv"}, base=tmp_path)
+    assert w.arrival.tolist() == [0.0, 0.99007, 2.49007]
+
+
 def test_mooncake_ms_timestamps_and_prefix_hashes():
     w = build({"format": "mooncake", "path": "mooncake_small.jsonl"})
     assert w.arrival.tolist() == [0.0, 0.0, 0.04, 1.25]
@@ -155,6 +164,14 @@ def test_lengths_shuffle_is_seeded_permutation_and_columns_map():
     w = build({"format": "lengths", "path": "lengths_small.csv",
                "columns": {"prompt_tokens": "num_total_tokens", "output_tokens": "num_decode_tokens"}})
     assert w.prompt_tokens.tolist() == [992, 1195, 1010]
+
+
+def test_lengths_from_jsonl_by_suffix_with_sample(tmp_path):
+    (tmp_path / "l.jsonl").write_text("".join(f'{{"p": {i + 1}, "o": {2 * i + 1}}}\n' for i in range(10)))
+    w = build({"format": "lengths", "path": "l.jsonl", "columns": {"prompt_tokens": "p", "output_tokens": "o"},
+               "sample": 0.5}, base=tmp_path, arrival={"process": "constant", "rate": 1.0})
+    assert len(w) == 5 and np.all(np.diff(w.prompt_tokens) > 0)
+    assert np.array_equal(w.output_tokens, 2 * w.prompt_tokens - 1)
 
 
 # ---------------------------------------------------------------- shared options

@@ -70,6 +70,8 @@ def test_every_field_has_a_description():
      "arrival cannot be combined with trace (format 'azure'), which supplies them; remove them or use format 'lengths'"),
     ({"trace": {"format": "lengths", "path": "a.csv"}, "prompt_tokens": {"dist": "fixed", "value": 3}},
      "prompt_tokens cannot be combined with trace (format 'lengths')"),
+    ({"trace": {"format": "vllm_bench", "path": "r.json", "arrivals_from": "arrival", "speedup": 2}},
+     "speedup apply to recorded arrivals; with arrivals_from: arrival set the rate in workload.arrival instead"),
     ({"num_requests": 5, "arrival": {"process": "empirical", "trace": {"format": "lengths", "path": "a.csv"}}},
      "trace.format 'lengths' has no arrival times; expected one of azure, mooncake, burstgpt, csv, jsonl"),
 ])

@@ -15,6 +15,7 @@ import json
 import re
 import warnings
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -168,8 +169,10 @@ def _read_jsonl_fast(path: Path, buf: bytes, keys: list[str], int_list: str) -> 
     groups = parts[1::2]
     if not groups:
         return None
-    counts = np.fromiter((g.count(b",") + 1 if g.strip() else 0 for g in groups), dtype=np.int64, count=len(groups))
-    text = b",".join(g for g in groups if g.strip())
+    # per row: commas + 1, or 0 for an empty list (a blank-but-nonempty body then fails the count check)
+    counts = np.fromiter(map(bytes.count, groups, repeat(b",")), dtype=np.int64, count=len(groups))
+    counts += np.fromiter(map(len, groups), dtype=np.int64, count=len(groups)) > 0
+    text = b",".join(filter(None, groups))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -180,9 +183,9 @@ def _read_jsonl_fast(path: Path, buf: bytes, keys: list[str], int_list: str) -> 
     if len(ints) != counts.sum() or (ints == big.max).any() or (ints == big.min).any():
         return None
     raw = (b'"' + int_list.encode() + b'":"' + _SENTINEL.encode() + b'"').join(parts[0::2]).split(b"\n")
-    keep = [i for i, s in enumerate(raw) if s.strip()]
+    keep = np.flatnonzero(np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)))
     try:
-        rows = json.loads(b"[" + b",".join([raw[i] for i in keep]) + b"]") if keep else None
+        rows = json.loads(b"[" + b",".join(filter(None, raw)) + b"]") if len(keep) else None
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     if rows is None or len(rows) != len(keep) or not all(isinstance(r, dict) for r in rows):
@@ -271,23 +274,23 @@ def tokens(table: Table, column: str) -> np.ndarray:
 _PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
-def times(table: Table, column: str, unit: str, fmt: str | None = None) -> np.ndarray:
+def times(table: Table, column: str, unit: str) -> np.ndarray:
     """Arrival times in seconds. ``unit`` is s/ms/us/ns (the file's own origin) or
-    'datetime' (origin: the earliest timestamp)."""
+    'datetime': ISO 8601 timestamps (origin: the earliest one; a zone offset is
+    honoured, a timestamp without one is taken as UTC)."""
     if unit != "datetime":
         # NOTE: divide, not multiply by 1e-3: division rounds correctly, so 250 ms is exactly 0.25 s.
         return numbers(table, column, f"a time in {unit} >= 0") / _PER_SECOND[unit]
     raw = table.columns[column]
-    if len(raw) == 0:
-        return np.zeros(0)
-    s = pd.Series(raw, dtype=object)
-    parsed = pd.to_datetime(s, format=fmt or "ISO8601", errors="coerce")
+    parsed = pd.to_datetime(pd.Series(raw, dtype=object), format="ISO8601", errors="coerce", utc=True)
     bad = parsed.isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))
-        want = f"a timestamp like {fmt!r}" if fmt else "an ISO 8601 timestamp"
-        raise table.error(i, column, f"cannot parse timestamp {_short(raw[i])}; expected {want}")
-    ns = parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+        raise table.error(i, column, f"cannot parse timestamp {_short(raw[i])}; "
+                                     "expected an ISO 8601 timestamp like '2023-11-16 18:17:03.9799600'")
+    ns = parsed.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    if len(ns) == 0:
+        return np.zeros(0)
     # NOTE: subtract in integer nanoseconds before going to float, so epoch-scale
     # timestamps keep sub-microsecond resolution.
     return (ns - ns.min()).astype(np.float64) / 1e9

@@ -98,6 +98,14 @@ class VllmBenchTrace(_TimedOptions):
     )
     failed: Literal["drop", "keep"] = Field("drop", description="Requests with an error (or 0 output tokens): drop them, or keep them (output raised to min_tokens).")
 
+    @model_validator(mode="after")
+    def _timing_needs_times(self) -> "VllmBenchTrace":
+        timing = sorted({"start_s", "end_s", "speedup", "keep_time"} & self.model_fields_set)
+        if self.arrivals_from == "arrival" and timing:
+            raise ValueError(f"{', '.join(timing)} apply to recorded arrivals; with arrivals_from: arrival "
+                             "set the rate in workload.arrival instead")
+        return self
+
 
 class CsvTrace(_TimedOptions):
     """Any CSV with a header; ``columns`` maps its columns to ours."""

@@ -56,6 +56,8 @@ class Trace:
         """``hashes`` as the tuple of tuples :class:`sim.types.Workload` holds."""
         if self.hashes is None:
             return None
+        if all(type(h) is tuple for h in self.hashes):  # the fast JSONL path already built them
+            return tuple(self.hashes.tolist())
         out = []
         for i, h in enumerate(self.hashes):
             if not isinstance(h, (list, tuple)):
@@ -70,9 +72,10 @@ def _trace(table: _io.Table, time: np.ndarray | None, prompt: str, output: str, 
 
 
 def read_azure(cfg: AzureTrace, path: Path, rng: np.random.Generator) -> Trace:
-    """Azure LLM inference trace: TIMESTAMP like ``2023-11-16 18:17:03.9799600``."""
+    """Azure LLM inference trace: TIMESTAMP like ``2023-11-16 18:17:03.9799600`` (2023)
+    or ``2024-05-10 00:00:00.009930+00:00`` (2024)."""
     t = _io.read_csv(path, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
-    time = _io.times(t, "TIMESTAMP", "datetime", fmt="%Y-%m-%d %H:%M:%S.%f")
+    time = _io.times(t, "TIMESTAMP", "datetime")
     return _trace(t, time, "ContextTokens", "GeneratedTokens")
 
 
