@@ -71,7 +71,9 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
     """Load the model, hardware and cost model, and generate the workload."""
     model = load_model(scenario.model)
     hw = load_hardware(scenario.hardware)
-    kv_dtype = None if scenario.kv_cache_dtype == "auto" else scenario.kv_cache_dtype
+    kv_dtype = scenario.kv_cache_dtype
+    if kv_dtype == "auto":  # vLLM's auto: KV in the activation dtype, bf16 for quantized weights
+        kv_dtype = "fp16" if scenario.dtype == "fp16" else "bf16"
     cost = RooflineCostModel(model, hw, tp=scenario.tensor_parallel_size, dtype=scenario.dtype,
                              kv_dtype=kv_dtype)
     if workload is None:
@@ -92,7 +94,10 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
 
 
 def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
-    blocks = parts.kv_tokens(cfg.gpu_memory_utilization) // cfg.block_size
+    limits = {k: getattr(cfg, k) for k in ("max_num_batched_tokens", "max_num_seqs") if hasattr(cfg, k)}
+    if "max_num_seqs" not in limits and hasattr(cfg, "max_batch_size"):
+        limits["max_num_seqs"] = cfg.max_batch_size
+    blocks = parts.kv_tokens(cfg.gpu_memory_utilization, **limits) // cfg.block_size
     if not getattr(cfg, "enable_prefix_caching", False):
         return PagedKVCache(blocks, cfg.block_size)
     wl = parts.workload
