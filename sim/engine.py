@@ -99,13 +99,18 @@ class Replica:
                 continue
             admin_only = 0
             shape, useful = self._shape(plan)
-            cost = self.cost.price(shape)
+            cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             start = env.now
             yield env.timeout(cost.seconds)
             self.busy_s += cost.seconds
             self._advance(plan)
             self._record(plan, shape, cost, useful_flops, start, preempted)
+
+    def price(self, plan: BatchPlan, shape: StepShape):
+        """What the step costs. The reference executor (calibrate.executor)
+        overrides this to run the plan on a real model and time it."""
+        return self.cost.price(shape)
 
     def _peek(self, depth: int = 256) -> None:
         # NOTE: only the head of the queue is looked up each round: policies

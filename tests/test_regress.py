@@ -182,6 +182,9 @@ def test_changed_scenario_is_explained_and_fails_until_update(recorded):
     assert old_hash in s.problems[0] and s.scenario_hash in s.problems[0]
     assert "changed: scenario" in s.problems[0] and "--update" in s.problems[0]
     assert {d.metric for _, d in rep.rows("regressed")} >= {"p99_ttft_ms", "output_throughput"}
+    kinds = [f.get("type") for f in ET.fromstring(to_junit(rep)).iter("failure")]
+    assert len(kinds) == len(DEFAULT_METRICS)  # no comparison of a changed scenario is valid
+    assert set(kinds) == {"regressed", "scenario-changed"}
     rep = regress([sc], base, update=True, runner=fake_runner)
     assert rep.exit_code == 0 and "accepted by --update" in rep.scenarios[0].notes[0]
     assert regress([sc], base, runner=fake_runner).exit_code == 0

@@ -10,6 +10,7 @@ point — without the install the same command fails as an unknown policy.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,6 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "examples" / "ci" / "plugin"
 SCENARIO = "scenarios/spf-chat.yaml"
 BASELINE = "regress-baseline.json"
+RERECORD = """
+The example plugin's committed baseline no longer matches. If the engine or
+cost model changed on purpose, re-record it (and baselines/baseline.json):
+  pip install --no-deps --target /tmp/spf examples/ci/plugin && rm -rf examples/ci/plugin/build examples/ci/plugin/*.egg-info
+  PYTHONPATH=/tmp/spf batchsim regress examples/ci/plugin/scenarios/*.yaml \\
+      --baseline examples/ci/plugin/regress-baseline.json --update
+"""
 
 
 def batchsim(*args: str, cwd: Path, site: Path | None) -> subprocess.CompletedProcess:
@@ -40,8 +48,12 @@ def site(tmp_path_factory) -> Path:
     # NOTE: build from a copy, so setuptools' build/ and *.egg-info never land in the repo.
     shutil.copytree(PLUGIN, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = tmp / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--no-build-isolation", "--no-index", "--target", str(target), str(src)],
+    # NOTE: building offline needs setuptools in this venv; without it (a fresh
+    # Python >= 3.12 venv) let pip fetch it into an isolated build env instead.
+    offline = importlib.util.find_spec("setuptools") is not None
+    flags = ["--no-build-isolation", "--no-index"] if offline else []
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *flags,
+                        "--target", str(target), str(src)],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         pytest.fail(f"pip could not install the example plugin:\n{r.stdout}\n{r.stderr}")
@@ -76,7 +88,7 @@ def test_not_installed_means_unknown_policy(project):
 
 def test_committed_baseline_passes_then_worse_plugin_fails(site, project, tmp_path):
     r = batchsim("regress", SCENARIO, "--baseline", BASELINE, cwd=project, site=site)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 0, (r.stdout + r.stderr + RERECORD)
     assert "OK: no regressions" in r.stdout
 
     # A deliberately worse release of the plugin: longest prompt first.

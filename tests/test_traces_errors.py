@@ -86,7 +86,9 @@ def mooncake_error(tmp_path: Path, text: str) -> str:
                "expected one JSON object per line"),
     ("[1,2]\n", "line 1", "'[1,2]' is not a JSON object; expected one object per line"),
     ('{"timestamp": 0, "input_length": 5}\n', "line 1, column 'output_length'",
-     "key not found; the file has keys: 'timestamp', 'input_length'"),
+     "key not found; the object has keys: 'timestamp', 'input_length'"),
+    ('\n{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n', "line 2, column 'output_length'",
+     "key not found; the object has keys: 'timestamp', 'input_length', 'hash_ids'"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n\n{"timestamp": 1, "input_length": 5}\n',
      "line 3, column 'output_length'", "missing value; expected a whole number of tokens >= 0"),
     ('{"timestamp": 0, "input_length": "five", "output_length": 1}\n', "line 1, column 'input_length'",
@@ -94,7 +96,9 @@ def mooncake_error(tmp_path: Path, text: str) -> str:
     ('{"timestamp": -4, "input_length": 5, "output_length": 1}\n', "line 1, column 'timestamp'",
      "negative value '-4'; expected a time in ms >= 0"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": 7}\n', "line 1, column 'hash_ids'",
-     "'7' is not a list; expected a list of block hashes"),
+     "'7' is not a list of integers; expected a list of block hashes"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2.5]}\n', "line 1, column 'hash_ids'",
+     "'[1, 2.5]' is not a list of integers; expected a list of block hashes"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2}\n', "line 1",
      "not valid JSON (Expecting ',' delimiter): "
      "'{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"...'; "  # long lines are cut at 60
@@ -184,3 +188,9 @@ def test_empirical_length_column_errors(tmp_path):
         "dist": "empirical", "path": "l.csv", "column": "m"}})
     with pytest.raises(InputError, match=re.escape("line 1, column 'm': column not found; the file has columns: 'n'")):
         build_workload(cfg, np.random.default_rng(0), tmp_path)
+
+
+def test_a_row_empty_only_in_the_used_columns_is_an_error_not_a_blank_line(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival,prompt_tokens,output_tokens,note\n0,1,1,a\n,,,b\n")
+    msg = error_of({"format": "csv", "path": "t.csv"}, tmp_path)
+    assert msg == f"{tmp_path / 't.csv'}, line 3, column 'arrival': missing value ''; expected a time in s >= 0"

@@ -69,10 +69,11 @@ def resolve(path: str | Path, base_dir: Path | None) -> Path:
     return p
 
 
-def _missing(path: Path, wanted: list[str], have: list[str], kind: str) -> None:
+def _missing(path: Path, wanted: list[str], have: list[str], kind: str, line: int = 1) -> None:
     absent = [c for c in wanted if c not in have]
     if absent:
-        raise fail(path, 1, absent[0], f"{kind} not found; the file has {kind}s: {', '.join(map(repr, have))}")
+        owner = "the file has columns" if kind == "column" else "the object has keys"
+        raise fail(path, line, absent[0], f"{kind} not found; {owner}: {', '.join(map(repr, have))}")
 
 
 def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
@@ -95,9 +96,11 @@ def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
         raise fail(path, None, None, f"cannot parse the file ({str(e).strip()}); expected rows with one field per header column") from None
     cols = {c: df[names[c]].to_numpy() for c in columns}
+    # NOTE: row i is line i + 2 only while no quoted field spans lines; traces have none.
     lines = np.arange(2, len(df) + 2, dtype=np.int64)
-    blank = np.ones(len(df), dtype=bool)
-    for v in cols.values():
+    blank = np.ones(len(df), dtype=bool)  # a blank line: every field of the row empty
+    for name in df.columns:
+        v = df[name].to_numpy()
         blank &= (v == "") if v.dtype == object or pd.api.types.is_string_dtype(v.dtype) else False
     table = Table(path, cols, lines)
     table = table.take(~blank) if blank.any() else table
@@ -120,7 +123,7 @@ def read_jsonl(path: Path, keys: list[str], int_list: str | None = None) -> Tabl
     raw = buf.split(b"\n")
     keep = [i for i, s in enumerate(raw) if s.strip()]
     rows = _parse_rows(path, raw, keep)
-    _missing(path, keys, list(rows[0]), "key")
+    _missing(path, keys, list(rows[0]), "key", keep[0] + 1)
     names = [*keys, *([int_list] if int_list is not None and int_list in rows[0] else [])]
     cols = {k: _objects([r.get(k) for r in rows]) for k in names}
     return Table(path, cols, np.asarray(keep, dtype=np.int64) + 1)
@@ -190,7 +193,7 @@ def _read_jsonl_fast(path: Path, buf: bytes, keys: list[str], int_list: str) -> 
         return None
     if rows is None or len(rows) != len(keep) or not all(isinstance(r, dict) for r in rows):
         return None
-    _missing(path, keys, list(rows[0]), "key")
+    _missing(path, keys, list(rows[0]), "key", int(keep[0]) + 1)
     cols = {k: _objects([r.get(k) for r in rows]) for k in [*keys, int_list]}
     slots = cols[int_list] == _SENTINEL
     if int(slots.sum()) != len(groups):

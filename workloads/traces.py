@@ -60,8 +60,9 @@ class Trace:
             return tuple(self.hashes.tolist())
         out = []
         for i, h in enumerate(self.hashes):
-            if not isinstance(h, (list, tuple)):
-                raise _io.fail(self.path, int(self.lines[i]), "hash_ids", f"{_io._short(h)} is not a list; expected a list of block hashes")
+            if not isinstance(h, (list, tuple)) or not all(type(x) is int for x in h):
+                raise _io.fail(self.path, int(self.lines[i]), "hash_ids",
+                               f"{_io._short(h)} is not a list of integers; expected a list of block hashes")
             out.append(tuple(h))
         return tuple(out)
 
