@@ -21,7 +21,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/batchsim compare --out runs/compare
 
+# The regression gate first (committed baselines of the shipped policies), then
+# the suite, so pytest's summary is the last line.
 test: setup
+	$(BIN)/batchsim regress baselines/*.yaml --baseline baselines/baseline.json \
+		--junit runs/regress/junit.xml --markdown runs/regress/summary.md
 	$(BIN)/python -m pytest -q
 
 bench: setup
