@@ -194,3 +194,9 @@ def test_a_row_empty_only_in_the_used_columns_is_an_error_not_a_blank_line(tmp_p
     (tmp_path / "t.csv").write_text("arrival,prompt_tokens,output_tokens,note\n0,1,1,a\n,,,b\n")
     msg = error_of({"format": "csv", "path": "t.csv"}, tmp_path)
     assert msg == f"{tmp_path / 't.csv'}, line 3, column 'arrival': missing value ''; expected a time in s >= 0"
+
+
+def test_vllm_bench_not_utf8(tmp_path):
+    (tmp_path / "v.json").write_bytes(b'{"input_lens": [1], "x": "\xff"}')
+    msg = error_of({"format": "vllm_bench", "path": "v.json"}, tmp_path)
+    assert msg == f"{tmp_path / 'v.json'}: not UTF-8 text (invalid start byte); expected the JSON vllm bench serve saves"
