@@ -116,8 +116,10 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
         ("Saturation", H.notes_html(sat + [SATURATION_RULE])),
         ("Latency and throughput against offered load", H.figure_html(
             png, "latency, throughput and goodput against offered load",
-            "A line per policy; dotted verticals mark each policy's saturation point; dashed black "
-            "lines are the offered load. Error bars: 95% CI over seeds when there are several.")),
+            "A line per policy; stars and dotted verticals mark each policy's saturation point; dashed "
+            "black lines are the offered load. Throughput under load is what the saturation rule "
+            "compares with the offered load (the tables also give the whole-run output throughput). "
+            "Error bars: 95% CI over seeds when there are several.")),
         ("Sweep points", H.table_html(rows, SWEEP_COLUMNS, "sweep")),
         ("Policies compared (every knob)", H.notes_html(policy_knobs)),
         ("All columns (sweep.csv)", "<details><summary>show every column</summary>"

@@ -42,6 +42,7 @@ class PolicyRun:
 
     @property
     def seeds(self) -> int:
+        """How many seeds this policy ran."""
         return len(self.summaries)
 
     def stats(self) -> dict:

@@ -55,7 +55,7 @@ _PANELS = (
     ("p99_ttft_ms", "TTFT p99", "ms, log scale", True),
     ("median_tpot_ms", "TPOT p50", "ms, log scale", True),
     ("p99_tpot_ms", "TPOT p99", "ms, log scale", True),
-    ("output_throughput", "Output throughput", "tokens/s", False),
+    ("served_output_throughput", "Output throughput under load", "tokens/s served in the load window", False),
     ("request_goodput", "Goodput (requests meeting every SLO)", "requests/s", False),
 )
 
@@ -63,7 +63,7 @@ _PANELS = (
 def _offered_lines(ax, key: str, frame: pd.DataFrame) -> Line2D | None:
     """The offered load on the throughput and goodput panels (dashed black)."""
     by_rate = frame.groupby("rate", sort=True)
-    if key == "output_throughput":
+    if key == "served_output_throughput":
         x = np.array(list(by_rate.groups))
         y = by_rate["offered_output_throughput"].mean().to_numpy()
     elif key == "request_goodput":

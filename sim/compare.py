@@ -31,7 +31,7 @@ from sim.executor import run_tasks
 __all__ = ["DEFAULT_POLICIES", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
            "parse_policies", "with_policy", "with_seed", "scenario_data", "run_task",
            "simulate_task", "report_info", "write_comparison", "call_text", "policy_config",
-           "describe_workload"]
+           "describe_workload", "knob_text"]
 
 DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "max_model_len")
@@ -191,8 +191,15 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
         first = group[0]
         runs.append(PolicyRun(policy=p, requests=first.requests, steps=first.steps, itl=first.itl,
                               summaries=tuple(r.summary for r in group), meta=first.meta))
-    return Comparison(scenario, runs, report_info(scenario, runs[0].meta, seeds, "compare"),
-                      [call_text(k, "name") for k in knobs])
+    metas = [r.meta for r in runs]
+    return Comparison(scenario, runs, report_info(scenario, metas, seeds, "compare"),
+                      [knob_text(k, m) for k, m in zip(knobs, metas)])
+
+
+def knob_text(config: dict, meta: dict) -> str:
+    """One report line per policy: every knob, and the KV cache it got."""
+    kv = meta.get("kv_capacity_tokens")
+    return call_text(config, "name") + (f"; KV cache {int(kv):,} tokens per replica" if kv is not None else "")
 
 
 def call_text(spec: Any, kind: str) -> str:
@@ -215,17 +222,29 @@ def describe_workload(scenario: Scenario) -> str:
             f"output {call_text(w.output_tokens, 'dist')}")
 
 
-def report_info(scenario: Scenario, meta: dict, seeds: int, kind: str) -> ReportInfo:
-    """The report header from the scenario and the first run's meta."""
+def _kv_text(metas: Sequence[dict]) -> str:
+    """KV capacity per replica: one number, or the range over policies (each
+    policy's own limits size the activation reserve, so capacities differ)."""
+    tokens = sorted({int(m["kv_capacity_tokens"]) for m in metas if "kv_capacity_tokens" in m})
+    block = metas[0].get("block_size", "?") if metas else "?"
+    if not tokens:
+        return "?"
+    span = f"{tokens[0]:,}" if len(tokens) == 1 else f"{tokens[0]:,}–{tokens[-1]:,} (by policy)"
+    return f"{span} tokens per replica (block size {block})"
+
+
+def report_info(scenario: Scenario, metas: Sequence[dict], seeds: int, kind: str) -> ReportInfo:
+    """The report header from the scenario and each policy's run meta."""
     from sim import __version__
+
+    meta = metas[0] if metas else {}
 
     slo = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in scenario.slo.limits().items())
     seed_text = str(scenario.seed) if seeds == 1 else f"{scenario.seed}…{scenario.seed + seeds - 1}"
     details = [
         ("cluster", f"TP={scenario.tensor_parallel_size}, {scenario.dtype}, {scenario.replicas} "
                     f"replica(s), router {scenario.router}"),
-        ("KV capacity", f"{meta.get('kv_capacity_tokens', '?')} tokens per replica "
-                        f"(block size {meta.get('block_size', '?')})"),
+        ("KV capacity", _kv_text(metas)),
         ("workload", describe_workload(scenario)),
         ("SLO", slo or "none (goodput = throughput)"),
         ("seed values", seed_text),

@@ -22,7 +22,7 @@ from reports.progress import progress
 from reports.runs import ReportInfo
 from reports.stats import aggregate
 from reports.sweep import mark_saturation, saturation_points
-from sim.compare import (DEFAULT_POLICIES, RunTask, call_text, policy_config, parse_policies, report_info,
+from sim.compare import (DEFAULT_POLICIES, RunTask, knob_text, parse_policies, policy_config, report_info,
                          scenario_data, simulate_task, with_policy, with_seed)
 from sim.config import Scenario, scenario_from_dict
 from sim.errors import InputError
@@ -130,22 +130,25 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
     tasks, knobs = [], []
     for p in names:
         variant = with_policy(scenario, p)
-        knobs.append(call_text(policy_config(variant) if task_fn is sweep_task else dict(variant.policy), "name"))
+        knobs.append(policy_config(variant) if task_fn is sweep_task else dict(variant.policy))
         for r in rates:
             rated = with_rate(variant, r)
             tasks += [SweepTask(RunTask(scenario_data(with_seed(rated, i)), base, p, i, False), r)
                       for i in range(seeds)]
     rows: list[dict | None] = [None] * len(tasks)
-    meta: dict = {}
+    metas: dict[str, dict] = {}  # the first finished point's facts, per policy
     with progress(len(tasks), f"sweep {scenario.name}", show_progress) as advance:
         for idx, point in run_tasks(task_fn, tasks, executor, workers):
-            rows[idx], meta = point.row, meta or point.meta
+            rows[idx] = point.row
+            metas.setdefault(point.row["policy"], point.meta)
             advance(f"{point.row['policy']} @ {point.row['rate']:g} req/s")
             if out_dir is not None:  # NOTE: rewritten per point so a killed sweep keeps its points
                 write_csv(Path(out_dir) / "sweep_runs.csv", pd.DataFrame([x for x in rows if x is not None]))
     frame = _aggregate(rows, names, rates, seeds)
-    info = report_info(scenario, meta, seeds, "sweep")
-    return SweepResult(frame, names, saturation_points(frame), info, knobs)
+    ordered = [metas.get(p, {}) for p in names]
+    info = report_info(scenario, ordered, seeds, "sweep")
+    return SweepResult(frame, names, saturation_points(frame), info,
+                       [knob_text(k, m) for k, m in zip(knobs, ordered)])
 
 
 def write_sweep(result: SweepResult, out_dir: str | Path) -> dict[str, Path]:

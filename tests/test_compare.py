@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 from reports.report import COMPARE_FIGURES
 from reports.tables import summary_frame
 from sim.cli import app
-from sim.compare import DEFAULT_POLICIES, compare, parse_policies, with_policy, with_seed, write_comparison
-from sim.config import load_scenario
+from sim.compare import (DEFAULT_POLICIES, compare, describe_workload, parse_policies, report_info, with_policy,
+                         with_seed, write_comparison)
+from sim.config import load_scenario, scenario_from_dict
 from sim.errors import InputError
 from sim.io import write_csv
 from tests.test_report_html import assert_one_series_per_policy, assert_png_not_blank, check_html
@@ -101,6 +102,16 @@ def test_policy_swap_keeps_kv_knobs_and_drops_the_rest():
     assert with_seed(sc, 3).seed == sc.seed + 3 and with_seed(sc, 3).policy == sc.policy
     assert parse_policies(" static, ,continuous,static") == ("static", "continuous")
     assert parse_policies("") == DEFAULT_POLICIES
+
+
+def test_header_describes_workload_and_kv():
+    sc = load_scenario(PINNED)
+    text = describe_workload(sc)
+    assert text.startswith("40 requests; arrivals poisson(rate=6.0); prompt lognormal(median=300.0")
+    trace = scenario_from_dict({"workload": {"trace": {"format": "csv", "path": "t.csv"}}})
+    assert describe_workload(trace) == "trace csv: t.csv"
+    info = report_info(sc, [{"kv_capacity_tokens": 1000, "block_size": 16}, {"kv_capacity_tokens": 2000}], 1, "x")
+    assert dict(info.details)["KV capacity"] == "1,000–2,000 (by policy) tokens per replica (block size 16)"
 
 
 def test_seeds_report_mean_and_ci(tmp_path):

@@ -81,7 +81,7 @@ def test_sweep_aggregates_seeds_with_ci(tmp_path):
     assert f["median_ttft_ms_ci95"][0] == pytest.approx(4.302653 / math.sqrt(3))  # x, x+1, x+2
     assert res.saturation == {"continuous": 20.0, "static": 20.0}
     assert len(pd.read_csv(tmp_path / "sweep_runs.csv")) == 2 * 3 * 3  # every point, as it finished
-    assert "(knob" not in " ".join(res.policy_knobs)
+    assert [k.split("(")[0] for k in res.policy_knobs] == ["continuous", "static"]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,7 @@ def test_real_sweep_points_and_saturation(real_sweep):
     sat = dict(zip(zip(f["policy"], f["rate"]), f["saturated"]))
     assert sat[("static", 60.0)] and not sat[("continuous", 1.0)]
     assert res.saturation["static"] is not None and not math.isnan(res.saturation["static"])
+    assert all("tokens per replica" in k for k in res.policy_knobs)
     csv = (out / "sweep.csv").read_text().splitlines()
     assert csv[0].startswith("policy,rate,offered_output_throughput,served_output_throughput,served_ratio,saturated,")
     assert len(csv) == 5
