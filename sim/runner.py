@@ -103,7 +103,7 @@ def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
     wl = parts.workload
     if wl.prefix_hashes is None or not wl.prefix_block_tokens:
         raise InputError("enable_prefix_caching needs prefix hashes in the workload (a Mooncake "
-                         "trace's hash_ids, or workload.shared_prefix)", "policy.enable_prefix_caching")
+                         "trace's hash_ids, or workload.shared_prefix: {groups, tokens})", "policy.enable_prefix_caching")
     return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
 
 

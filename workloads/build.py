@@ -29,14 +29,16 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     when None). Bad files raise :class:`sim.errors.InputError`.
     """
     base = Path(base_dir) if base_dir is not None else None
-    r_arrival, r_prompt, r_output, r_trace = rng.spawn(4)
+    # NOTE: spawn(5) keeps the first four streams identical to spawn(4).
+    r_arrival, r_prompt, r_output, r_trace, r_prefix = rng.spawn(5)
     if cfg.trace is None:
         t = arrivals.generate(cfg.arrival, r_arrival, cfg.num_requests, cfg.duration_s, base)
-        return Workload(
+        wl = Workload(
             arrival=t,
             prompt_tokens=lengths.sample(cfg.prompt_tokens, len(t), r_prompt, base),
             output_tokens=lengths.sample(cfg.output_tokens, len(t), r_output, base),
         )
+        return _with_shared_prefix(wl, cfg.shared_prefix, r_prefix)
     tr = traces.load(cfg.trace, base, r_trace)
     if tr.time is None:
         tr = _replay_with_arrivals(cfg, tr, r_arrival, base)
@@ -46,13 +48,39 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
             end = min(end, int(np.searchsorted(tr.time, cfg.duration_s, side="left")))
         tr = tr.take(slice(0, end))
     block = getattr(cfg.trace, "block_tokens", 0) if tr.hashes is not None else 0
-    return Workload(
+    wl = Workload(
         arrival=np.ascontiguousarray(tr.time, dtype=np.float64),
         prompt_tokens=np.ascontiguousarray(tr.prompt, dtype=np.int64),
         output_tokens=np.ascontiguousarray(tr.output, dtype=np.int64),
         prefix_hashes=tr.prefix_hashes(),
         prefix_block_tokens=block,
     )
+    return _with_shared_prefix(wl, cfg.shared_prefix, r_prefix)
+
+
+def _with_shared_prefix(wl: Workload, sp, rng: np.random.Generator) -> Workload:
+    """Attach prefix hashes: template units shared within a group, the rest unique.
+
+    Template ``g``'s unit ``i`` is keyed ``g * 2**32 + i``; a request's own
+    units get keys from ``2**62`` up, unique per request, so they never hit.
+    """
+    if sp is None:
+        return wl
+    n = len(wl)
+    member = rng.random(n) < sp.fraction
+    group = rng.integers(0, sp.groups, n)
+    unit = sp.block_tokens
+    hashes = []
+    own = 2**62
+    for i, p in enumerate(wl.prompt_tokens.tolist()):
+        units = -(-p // unit)
+        shared = min(sp.tokens, p) // unit if member[i] else 0
+        g = int(group[i]) << 32
+        keys = [g + k for k in range(shared)] + list(range(own, own + units - shared))
+        own += units - shared
+        hashes.append(tuple(keys))
+    return Workload(arrival=wl.arrival, prompt_tokens=wl.prompt_tokens, output_tokens=wl.output_tokens,
+                    prefix_hashes=tuple(hashes), prefix_block_tokens=unit)
 
 
 def _replay_with_arrivals(cfg: WorkloadConfig, tr: traces.Trace, rng: np.random.Generator,

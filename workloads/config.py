@@ -269,6 +269,20 @@ def _default_output() -> FixedLength:
     return FixedLength(dist="fixed", value=128)
 
 
+class SharedPrefixConfig(_Model):
+    """Synthetic shared prefixes (system prompts, few-shot templates) for prefix caching.
+
+    Each request, with probability ``fraction``, belongs to one of ``groups``
+    prompt templates, chosen uniformly; its first ``min(tokens, prompt)``
+    tokens are that template's. The rest of its prompt is its own.
+    """
+
+    groups: int = Field(ge=1, description="Distinct shared prefixes (templates).")
+    tokens: int = Field(ge=1, description="Tokens of each shared prefix.")
+    fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that start with a template.")
+    block_tokens: int = Field(512, ge=1, description="Tokens per prefix block (hash unit).")
+
+
 class WorkloadConfig(_Model):
     """The ``workload:`` section: a synthetic workload or a trace replay."""
 
@@ -284,9 +298,14 @@ class WorkloadConfig(_Model):
     prompt_tokens: LengthConfig = Field(default_factory=_default_prompt, description="Prompt length distribution (not used with a trace).")
     output_tokens: LengthConfig = Field(default_factory=_default_output, description="Output length distribution (not used with a trace).")
     trace: TraceConfig | None = Field(None, description="Replay a trace file instead of sampling.")
+    shared_prefix: SharedPrefixConfig | None = Field(
+        None, description="Give requests shared prompt prefixes (for prefix caching); not with a Mooncake trace, "
+                          "which has its own hash_ids.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "WorkloadConfig":
+        if self.shared_prefix is not None and self.trace is not None and self.trace.format == "mooncake":
+            raise ValueError("shared_prefix cannot be combined with a mooncake trace, which has its own hash_ids")
         if self.trace is None:
             if self.num_requests is None and self.duration_s is None:
                 raise ValueError("set num_requests or duration_s (or both) for a synthetic workload")
