@@ -98,7 +98,7 @@ class Replica:
                 yield from self._idle(plan)
                 continue
             admin_only = 0
-            shape, useful = self._shape(plan)
+            shape, useful = self._grow_and_shape(plan)
             cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             start = env.now
@@ -175,13 +175,6 @@ class Replica:
             for seq in admitted:
                 kv.pin(seq)
         self.running.extend(admitted)
-        reserve = plan.reserve
-        for rid, q in plan.num_tokens.items():
-            seq = seqs[rid]
-            if q < 1 or seq.num_computed + q > seq.num_tokens:
-                raise PolicyError(f"{self.policy.name}: rid {rid} scheduled {q} tokens with "
-                                  f"{seq.pending} pending")
-            kv.grow(rid, max(reserve.get(rid, 0), seq.num_computed + q))
         return len(plan.preempt)
 
     def _take_from_waiting(self, admitted: list[Seq]) -> None:
@@ -202,55 +195,72 @@ class Replica:
         waiting.clear()
         waiting.extend(keep)
 
-    def _shape(self, plan: BatchPlan) -> tuple[StepShape, StepShape | None]:
-        seqs = self.seqs
-        n, p = len(plan.num_tokens), len(plan.padding)
-        q = np.empty(n + p, dtype=np.int64)
-        kv = np.empty(n + p, dtype=np.int64)
-        sampled = 0
-        for i, (rid, t) in enumerate(plan.num_tokens.items()):
+    def _grow_and_shape(self, plan: BatchPlan) -> tuple[StepShape, StepShape | None]:
+        """Check each row, grow its KV, and build the step's shape (one pass)."""
+        seqs, kv, reserve = self.seqs, self.kv, plan.reserve
+        # NOTE: the plain allocator's no-growth case is inlined: most decode
+        # steps grow nothing, and a method call per row is the hot path.
+        held = kv._held if type(kv) is PagedKVCache else None
+        bs = kv.block_size
+        ctx, sampled = [], 0
+        for rid, q in plan.num_tokens.items():
             seq = seqs[rid]
-            q[i] = t
-            kv[i] = seq.num_computed
-            if seq.num_computed + t == seq.num_tokens:
+            c = seq.num_computed
+            total = c + q
+            if q < 1 or total > seq.num_tokens:
+                raise PolicyError(f"{self.policy.name}: rid {rid} scheduled {q} tokens with "
+                                  f"{seq.pending} pending")
+            if reserve:
+                total = max(reserve.get(rid, 0), total)
+            if held is None or held.get(rid, 0) * bs < total:
+                kv.grow(rid, total)
+            ctx.append(c)
+            if c + q == seq.num_tokens:
                 sampled += 1
-        useful_sampled = sampled
-        for j, (pq, pkv, samples) in enumerate(plan.padding):
-            q[n + j] = pq
-            kv[n + j] = pkv
-            sampled += bool(samples)
-        shape = StepShape(q=q, kv=kv, sampled=sampled)
-        useful = StepShape(q=q[:n], kv=kv[:n], sampled=useful_sampled) if p else None
-        return shape, useful
+        n, pad = len(ctx), plan.padding
+        q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
+        kv_arr = np.array(ctx, dtype=np.int64)
+        if not pad:
+            return StepShape(q=q_arr, kv=kv_arr, sampled=sampled), None
+        useful = StepShape(q=q_arr, kv=kv_arr, sampled=sampled)
+        q_all = np.concatenate([q_arr, np.array([p[0] for p in pad], dtype=np.int64)])
+        kv_all = np.concatenate([kv_arr, np.array([p[1] for p in pad], dtype=np.int64)])
+        return StepShape(q=q_all, kv=kv_all, sampled=sampled + sum(1 for p in pad if p[2])), useful
 
     def _advance(self, plan: BatchPlan) -> None:
         """Apply a finished step: tokens advance, stamps, completions."""
-        now, seqs, itl = self.env.now, self.seqs, self.itl
+        now, seqs = self.env.now, self.seqs
         prefix = self.kv.prefix_caching
-        done = []
+        done, gap_rids, gaps = [], [], []
         for rid, q in plan.num_tokens.items():
             seq = seqs[rid]
-            seq.num_computed += q
-            if prefix and seq.num_computed - q < seq.prompt_tokens:
+            c = seq.num_computed + q
+            seq.num_computed = c
+            if prefix and c - q < seq.prompt_tokens:
                 self.kv.register(seq)
-            if seq.num_computed != seq.num_tokens:
+            if c != seq.num_tokens:
                 continue
-            seq.num_generated += 1
-            seq.num_tokens += 1
-            if seq.first_token is None:
+            g = seq.num_generated + 1
+            seq.num_generated = g
+            seq.num_tokens = c + 1
+            last = seq.last_token
+            if last is None:
                 seq.first_token = now
             else:
-                gap = now - seq.last_token
-                itl.append(rid, gap)
+                gap = now - last
+                gap_rids.append(rid)
+                gaps.append(gap)
                 if gap > seq.max_itl:
                     seq.max_itl = gap
             seq.last_token = now
-            if seq.num_generated >= seq.output_tokens:
+            if g >= seq.output_tokens:
                 seq.finished = True
                 seq.status = COMPLETED
                 seq.completion = now
                 if not plan.hold_finished:
                     done.append(seq)
+        if gaps:
+            self.itl.extend(gap_rids, gaps)
         if done:
             for seq in done:
                 seq.is_running = False

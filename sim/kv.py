@@ -61,6 +61,16 @@ class PagedKVCache:
         need = -(-total_tokens // self.block_size) - self._held.get(seq.rid, 0)
         return need if need > 0 else 0
 
+    def growth_needed(self, seqs, extra: int) -> int:
+        """Extra blocks for every seq in ``seqs`` to grow by ``extra`` tokens
+        (the sum of ``blocks_needed``; one call for a whole batch of decodes)."""
+        held, bs, need = self._held, self.block_size, 0
+        for s in seqs:
+            n = -(-(s.num_computed + extra) // bs) - held.get(s.rid, 0)
+            if n > 0:
+                need += n
+        return need
+
     def grow(self, rid: int, total_tokens: int) -> None:
         """Make ``rid`` hold at least ``total_tokens`` tokens of KV."""
         want = -(-total_tokens // self.block_size)

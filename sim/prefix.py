@@ -73,6 +73,9 @@ class PrefixKVCache(PagedKVCache):
         need = -(-total_tokens // self.block_size) - have
         return need if need > 0 else 0
 
+    def growth_needed(self, seqs, extra: int) -> int:
+        return sum(self.blocks_needed(s, s.num_computed + extra) for s in seqs)
+
     # -- engine hooks ---------------------------------------------------------
     def _cacheable_units(self, seq) -> int:
         """Full prompt units that may hit (one token is always recomputed)."""

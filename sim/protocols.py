@@ -65,6 +65,11 @@ class KVView(Protocol):
         ...
 
 
+# KV handles may also offer ``growth_needed(seqs, extra) -> int``: the sum of
+# ``blocks_needed(s, s.num_computed + extra)`` over ``seqs`` in one call (the
+# engine's allocators do; policies fall back to the sum when it is absent).
+
+
 class ReplicaView(Protocol):
     """What a policy may read about one replica at a scheduling point."""
 

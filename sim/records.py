@@ -60,6 +60,17 @@ class Columns:
             a[n] = v
         self._n = n + 1
 
+    def extend(self, *columns) -> None:
+        """Append many rows at once, one sequence per field."""
+        k = len(columns[0])
+        n = self._n
+        if n + k > len(self._arrays[0]):
+            size = max(2 * len(self._arrays[0]), n + k)
+            self._arrays = [np.resize(a, size) for a in self._arrays]
+        for a, v in zip(self._arrays, columns):
+            a[n:n + k] = v
+        self._n = n + k
+
     def column(self, name: str) -> np.ndarray:
         for (f, _), a in zip(self.fields, self._arrays):
             if f == name:
