@@ -168,7 +168,7 @@ def token_efficiency(runs: Sequence[PolicyRun]) -> Figure:
     left.set_xlim(0, 100)
     left.set_xlabel("share of billed tokens (%)")
     left.set_title("Billed tokens by kind", loc="left")
-    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32 if len(runs) < 3 else -0.18), ncol=4)
+    fig.legend(handles=left.get_legend_handles_labels()[0], loc="outside upper center", ncol=len(_SPLIT))
     for run, yy in zip(runs, y):
         s = run.stats()
         eff, half = 100.0 * s.get("token_efficiency", np.nan), 100.0 * s.get("token_efficiency" + CI_SUFFIX, np.nan)

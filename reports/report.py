@@ -84,8 +84,6 @@ def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: R
          + H.notes_html([f"Click a column header to sort.{ci}"])),
         ("Utilization and efficiency", H.table_html(rows, UTILIZATION_COLUMNS, "utilization")),
     ]
-    if policy_knobs:
-        sections.append(("Policies compared (every knob)", H.notes_html(policy_knobs)))
     for name, build, title, alt, caption in COMPARE_FIGURES:
         png = png_bytes(build(runs))
         atomic_write_bytes(out / name, png)
@@ -93,6 +91,8 @@ def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: R
         if info.seeds > 1 and name in ("latency_cdf.png", "timelines.png"):
             caption += " Drawn from the first seed's records."
         sections.append((title, H.figure_html(png, alt, caption)))
+    if policy_knobs:
+        sections.append(("Policies compared (every knob)", H.notes_html(policy_knobs)))
     sections.append(("All metrics (summary.csv)", "<details><summary>show every column</summary>"
                      + H.table_html(_records(frame), _all_columns(frame), "all-metrics") + "</details>"))
     sections.append(("Definitions", H.notes_html(DEFINITIONS)))

@@ -90,11 +90,18 @@ def log_axis(axis) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     def label(v: float, _pos: int) -> str:
+        if v <= 0:
+            return ""
         lo, hi = sorted(axis.get_view_interval())
         wide = lo > 0 and math.log10(hi / lo) > 2.2
-        mantissa = v / 10 ** math.floor(math.log10(v) + 1e-9) if v > 0 else 0.0
+        exp = math.floor(math.log10(v) + 1e-9)
+        mantissa = round(v / 10**exp, 6)
         # NOTE: over more than ~2 decades only powers of ten are labelled; 2 and 5 would collide.
-        return "" if wide and abs(mantissa - 1.0) > 1e-6 else f"{v:g}"
+        if wide and mantissa != 1.0:
+            return ""
+        if v < 1e4:
+            return f"{v:g}"
+        return f"$10^{{{exp}}}$" if mantissa == 1.0 else f"${mantissa:g}\\times10^{{{exp}}}$"
 
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(label))

@@ -159,7 +159,11 @@ def test_every_plot_has_one_series_per_policy(builder):
     assert_one_series_per_policy(fig, [r.policy for r in runs], skip, builder is plots.timelines)
 
 
-def test_seeds_give_error_bars_ci_cells_and_runs_csv(tmp_path):
+def test_seeds_give_error_bars_ci_cells_and_runs_csv(tmp_path, monkeypatch):
+    import reports.report
+
+    # NOTE: PNG rendering is what is slow and the first fixture already checks it.
+    monkeypatch.setattr(reports.report, "png_bytes", lambda fig: PNG + b"stub")
     runs = hand_runs(seeds=3)
     files = write_compare_report(tmp_path, runs, ReportInfo("t", "s", "m", "h", True, "0.1.0", seeds=3))
     assert "runs.csv" in files
