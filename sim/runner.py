@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -107,8 +107,13 @@ def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
     return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
 
 
-def simulate(scenario: Scenario, parts: Parts) -> RunResult:
-    """Run one scenario's policy over prebuilt parts."""
+def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica) -> RunResult:
+    """Run one scenario's policy over prebuilt parts.
+
+    ``replica`` builds each replica from ``(env, index, policy, cost, kv,
+    max_model_len, steps, itl)``; the reference executor passes a
+    :class:`~sim.engine.Replica` subclass that times real steps.
+    """
     env = simpy.Environment()
     steps, itl = StepLog(), ItlLog()
     replicas = []
@@ -117,7 +122,7 @@ def simulate(scenario: Scenario, parts: Parts) -> RunResult:
         cfg = policy.config
         kv = _kv_cache(parts, cfg)
         max_len = min(parts.max_model_len, cfg.max_model_len or parts.max_model_len)
-        replicas.append(Replica(env, i, policy, parts.cost, kv, max_len, steps, itl))
+        replicas.append(replica(env, i, policy, parts.cost, kv, max_len, steps, itl))
     route = make_router(scenario.router, _seeds(scenario.seed)[1])
     cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
     env.run(until=scenario.horizon_s)
