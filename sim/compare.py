@@ -54,7 +54,8 @@ def scenario_data(scenario: Scenario) -> dict:
 
 
 def with_policy(scenario: Scenario, name: str) -> Scenario:
-    """The scenario with ``name`` as its policy, default knobs, same KV knobs.
+    """The scenario with ``name`` as its policy: the same KV knobs, plus the
+    knobs ``policy_knobs[name]`` gives (defaults otherwise).
 
     The scenario's own policy keeps all its knobs (comparing it is not a swap).
     """
@@ -62,7 +63,7 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
         return scenario
     data = scenario_data(scenario)
     keep = {k: v for k, v in scenario.policy.items() if k in KEEP_KNOBS}
-    data["policy"] = {**keep, "name": name}
+    data["policy"] = {**keep, **scenario.policy_knobs.get(name, {}), "name": name}
     return scenario_from_dict(data, f"--policies {name}")
 
 

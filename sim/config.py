@@ -57,6 +57,10 @@ class Scenario(BaseModel):
     replicas: int = Field(1, ge=1, le=4096)
     router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv")
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "continuous"})
+    policy_knobs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="knobs per policy name, used when compare/sweep/plan run a policy other than "
+                    "`policy` (e.g. {static: {max_batch_size: 16}})")
     workload: WorkloadConfig
     slo: SLOConfig = Field(default_factory=SLOConfig)
     seed: int = Field(0, ge=0)
