@@ -12,8 +12,9 @@ module does everything else:
   prompt in one step, a padding row ``(P - p_i, p_i, no sample)`` for each
   member shorter than the longest prompt ``P``, and KV reserved for
   ``P + max(max_tokens)`` tokens per member, as a padded tensor would need;
-- decode: one token per live member; a finished member is a dead slot that
-  still costs a padding row ``(1, P + t, sample)`` at decode step ``t``;
+- decode: one token per live member, billed over the padded context
+  ``P + t`` at decode step ``t`` (``BatchPlan.context``); a finished member
+  is a dead slot that still costs a padding row ``(1, P + t, sample)``;
 - end: when every member has finished, release them all (completing them at
   release time under ``complete_at: batch_end``) and launch the next batch
   in the same plan.
@@ -97,8 +98,11 @@ class PaddedBatchPolicy(PolicyBase):
         """One lockstep decode: live members advance, finished ones bill dead-slot rows."""
         longest = max(s.prompt_tokens for s in batch)
         t = max(s.num_generated for s in batch) - 1  # decode steps already run
+        live = [s for s in batch if not s.finished]
         return BatchPlan(
-            num_tokens={s.rid: 1 for s in batch if not s.finished},
+            num_tokens={s.rid: 1 for s in live},
+            # every row of the padded tensor attends over the padded length
+            context={s.rid: longest + t for s in live if s.num_computed != longest + t},
             padding=tuple((1, longest + t, True) for s in batch if s.finished),
             hold_finished=True,
         )

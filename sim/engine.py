@@ -217,12 +217,14 @@ class Replica:
             ctx.append(c)
             if c + q == seq.num_tokens:
                 sampled += 1
-        n, pad = len(ctx), plan.padding
+        n, pad, billed = len(ctx), plan.padding, plan.context
         q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
         kv_arr = np.array(ctx, dtype=np.int64)
-        if not pad:
+        if not pad and not billed:
             return StepShape(q=q_arr, kv=kv_arr, sampled=sampled), None
         useful = StepShape(q=q_arr, kv=kv_arr, sampled=sampled)
+        if billed:
+            kv_arr = np.array([billed.get(rid, c) for rid, c in zip(plan.num_tokens, ctx)], dtype=np.int64)
         q_all = np.concatenate([q_arr, np.array([p[0] for p in pad], dtype=np.int64)])
         kv_all = np.concatenate([kv_arr, np.array([p[1] for p in pad], dtype=np.int64)])
         return StepShape(q=q_all, kv=kv_all, sampled=sampled + sum(1 for p in pad if p[2])), useful

@@ -74,6 +74,9 @@ class BatchPlan:
     - ``padding``: extra rows that are billed but do no useful work, as
       ``(q, kv, samples)``: a static batch's padding to the longest prompt and
       its dead slots.
+    - ``context``: rid -> the context length to *bill* for that row instead
+      of its own ``num_computed`` (a padded batch attends over the padded
+      length); useful-work accounting still uses the real context.
     - ``hold_finished``: sequences that finish in this step stay in the batch
       (KV kept, still listed in ``running`` with ``finished`` true) until the
       policy names them in ``release`` of a later plan.
@@ -91,6 +94,7 @@ class BatchPlan:
     preempt: tuple[int, ...] = ()
     reserve: Mapping[int, int] = field(default_factory=dict)
     padding: tuple[tuple[int, int, bool], ...] = ()
+    context: Mapping[int, int] = field(default_factory=dict)
     hold_finished: bool = False
     release: tuple[int, ...] = ()
     complete_on_release: bool = False

@@ -84,6 +84,20 @@ def test_batch_decodes_in_lockstep_billing_dead_slots_then_releases_all():
     assert [s.completion for s in seqs] == [3.0, 3.0]
 
 
+def test_live_rows_are_billed_over_the_padded_context():
+    # rid 0 has the shorter prompt (2 vs 4) and the longer output: after rid 1
+    # finishes, rid 0's row still attends over the padded length 4 + t.
+    seqs = queue((2, 3), (4, 1))
+    view = make_view(seqs, block_size=1)
+    policy = static(max_batch_size=2)
+    plans = []
+    for _ in range(4):
+        plans.append(policy.schedule(view))
+        apply(plans[-1], view)
+    assert plans[1] == BatchPlan(num_tokens={0: 1}, context={0: 4}, padding=((1, 4, True),), hold_finished=True)
+    assert plans[2] == BatchPlan(num_tokens={0: 1}, context={0: 5}, padding=((1, 5, True),), hold_finished=True)
+
+
 def test_own_token_completion_keeps_each_members_finish_time():
     plans, seqs = _run_batch("own_token")
     assert plans[-1] == BatchPlan(release=(0, 1), complete_on_release=False)
