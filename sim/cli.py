@@ -24,15 +24,21 @@ _state = {"debug": False}
 err_console = Console(stderr=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"batchsim {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks for errors")] = False,
-    version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False,
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                          callback=_print_version)] = False,
 ) -> None:
+    # NOTE: --version is eager: a group without a command fails ("Missing
+    # command") before its own callback runs.
     _state["debug"] = debug
-    if version:
-        typer.echo(f"batchsim {__version__}")
-        raise typer.Exit(0)
 
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a scenario field: dotted.key=value (repeatable)")]
