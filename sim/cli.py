@@ -113,39 +113,44 @@ def _register_commands() -> None:
 _register_commands()
 
 
+# click's ClickException: typer < 0.20 re-exports click's, later typers vendor
+# their own copy (no ``click`` module to import), so find it from BadParameter.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_INTERRUPTED = "interrupted; finished results already written are kept"
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
+    sys.exit(2)
+
+
 def main() -> None:
     """Console-script entry point: maps input errors to exit code 2."""
     try:
-        rv = app(standalone_mode=False)
+        rv = app(standalone_mode=False, prog_name="batchsim")
         if isinstance(rv, int) and rv:
             sys.exit(rv)
     except InputError as e:
         if _state["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except (typer.BadParameter, typer.Abort) as e:  # pragma: no cover - handled by click
-        err_console.print(f"error: {e}")
-        sys.exit(2)
+        _fail(str(e))
+    except _CLICK_ERROR as e:  # bad usage: unknown option, missing argument, bad option value
+        if _state["debug"]:
+            raise
+        message = e.format_message()
+        if not message:  # no arguments at all: click printed the help
+            sys.exit(2)
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        _fail(message + hint)
     except OSError as e:
         if _state["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] {e.strerror or e}: {e.filename or ''}", highlight=False)
-        sys.exit(2)
+        name = f": {e.filename}" if e.filename else ""
+        _fail(f"{e.strerror or e}{name}")
     except KeyboardInterrupt:
-        err_console.print("interrupted; finished results already written are kept")
+        err_console.print(_INTERRUPTED, highlight=False)
         sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as e:  # noqa: BLE001 - last resort
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        raise
 
 
 if __name__ == "__main__":  # pragma: no cover
