@@ -128,6 +128,9 @@ def main() -> None:
     """Console-script entry point: maps input errors to exit code 2."""
     try:
         rv = app(standalone_mode=False, prog_name="batchsim")
+        if rv == 130:  # typer turns Ctrl-C into Exit(130), which standalone_mode=False returns
+            err_console.print(_INTERRUPTED, highlight=False)
+            sys.exit(130)
         if isinstance(rv, int) and rv:
             sys.exit(rv)
     except InputError as e:
@@ -148,7 +151,7 @@ def main() -> None:
             raise
         name = f": {e.filename}" if e.filename else ""
         _fail(f"{e.strerror or e}{name}")
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print(_INTERRUPTED, highlight=False)
         sys.exit(130)
 
