@@ -126,6 +126,8 @@ def _fail(message: str) -> None:
 
 def main() -> None:
     """Console-script entry point: maps input errors to exit code 2."""
+    from rich.markup import escape
+
     try:
         rv = app(standalone_mode=False, prog_name="batchsim")
         if rv == 130:  # typer turns Ctrl-C into Exit(130), which standalone_mode=False returns
@@ -136,7 +138,7 @@ def main() -> None:
     except InputError as e:
         if _state["debug"]:
             raise
-        _fail(str(e))
+        _fail(escape(str(e)))
     except _CLICK_ERROR as e:  # bad usage: unknown option, missing argument, bad option value
         if _state["debug"]:
             raise
@@ -145,12 +147,12 @@ def main() -> None:
             sys.exit(2)
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        _fail(message + hint)
+        _fail(escape(message + hint))
     except OSError as e:
         if _state["debug"]:
             raise
         name = f": {e.filename}" if e.filename else ""
-        _fail(f"{e.strerror or e}{name}")
+        _fail(escape(f"{e.strerror or e}{name}"))
     except (KeyboardInterrupt, typer.Abort):
         err_console.print(_INTERRUPTED, highlight=False)
         sys.exit(130)
