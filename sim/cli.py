@@ -83,15 +83,21 @@ def run(
         console.print(f"records written to {dest}/")
 
 
+# Bounds that keep a step's arithmetic in int64 and its rows in memory
+# (the same token bound as workloads.config.MAX_TOKENS).
+_MAX_TOKENS = 2**40
+_MAX_BATCH = 1_000_000
+
+
 @app.command()
 def cost(
     model: Annotated[str, typer.Argument(help="model catalog name or config.json path")],
     hardware: Annotated[str, typer.Argument(help="hardware profile name or YAML path")],
     tp: Annotated[int, typer.Option(help="tensor-parallel size", min=1)] = 1,
     dtype: Annotated[str, typer.Option(help="weight dtype: bf16, fp16, fp8, int4")] = "bf16",
-    prefill: Annotated[Optional[int], typer.Option(help="price a prefill of this many tokens", min=1)] = None,
-    decode: Annotated[Optional[int], typer.Option(help="price a decode step of this batch size", min=1)] = None,
-    context: Annotated[Optional[int], typer.Option(help="context length of each decoding sequence", min=0)] = None,
+    prefill: Annotated[Optional[int], typer.Option(help="price a prefill of this many tokens", min=1, max=_MAX_TOKENS)] = None,
+    decode: Annotated[Optional[int], typer.Option(help="price a decode step of this batch size", min=1, max=_MAX_BATCH)] = None,
+    context: Annotated[Optional[int], typer.Option(help="context length of each decoding sequence", min=0, max=_MAX_TOKENS)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Price one step operator by operator and show the KV capacity."""
