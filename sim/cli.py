@@ -71,6 +71,8 @@ def run(
     from sim.summary_table import summary_table
 
     sc, base = _load(scenario, policy, set_)
+    if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
+        raise InputError(f"{out} is a file; expected a folder for the records", "--out")
     result = run_scenario(sc, base)
     dest = out or Path("runs") / f"{sc.name}-{result.summary['policy']}"
     write_outputs(result, dest)
