@@ -64,8 +64,10 @@ def _load(name: str) -> type:
         if ":" in name:
             module, _, attr = name.partition(":")
             return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise InputError(f"cannot load policy {name!r}: {err}", where="policy.name") from err
+    except (ImportError, AttributeError, SyntaxError, ValueError, TypeError) as err:
+        # ValueError: an empty module name (":Cls"); TypeError: a relative one (".mod:Cls").
+        raise InputError(f"cannot load policy {name!r}: {err}; expected 'package.module:ClassName'",
+                         where="policy.name") from err
     raise InputError(
         f"unknown policy {name!r}; expected one of {', '.join(policy_names())} "
         "or 'package.module:ClassName'",
