@@ -10,7 +10,8 @@ field and the bad value (an :class:`sim.errors.InputError`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -78,15 +79,69 @@ class Scenario(BaseModel):
         return v
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: ``source: field.path: message (got value)``."""
+def format_validation_error(err: ValidationError, source: str,
+                            model: type[BaseModel] | None = None) -> str:
+    """One line per problem: ``source: field.path: message (got value)``.
+
+    With ``model`` (the class validated), the path is the one the user wrote
+    (pydantic's union tags such as ``poisson`` in ``arrival.poisson.rate`` are
+    dropped) and an unknown field lists the fields allowed there.
+    """
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        path, parents, models = _user_path(model, e["loc"])
         got = e.get("input")
         shown = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{source}: {loc}: {e['msg']}{shown}")
+        msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        names = sorted({f for m in parents for f in m.model_fields})
+        if e["type"] == "extra_forbidden" and names:
+            msg = f"unknown field; expected one of {', '.join(names)}"
+        elif e["type"] == "union_tag_not_found":
+            key = str(e.get("ctx", {}).get("discriminator", "")).strip("'\"")
+            tags = [t for m in models for t in _literals(m, key)]
+            if tags:
+                msg, shown = f"missing '{key}'; expected one of {', '.join(tags)}", ""
+        lines.append(f"{source}: {path}: {msg}{shown}" if path else f"{source}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (Optional, Union and Annotated unwrapped)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if get_origin(annotation) is Annotated:
+        return _models(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return [m for a in get_args(annotation) for m in _models(a)]
+    return []
+
+
+def _literals(model: type[BaseModel], key: str) -> list[str]:
+    field = model.model_fields.get(key)
+    return [str(a) for a in get_args(field.annotation)] if field is not None and \
+        get_origin(field.annotation) is Literal else []
+
+
+def _user_path(model: type[BaseModel] | None, loc: tuple) -> tuple[str, list, list]:
+    """(the dotted path as written in the file, the models its last key belongs to,
+    the models its value can be)."""
+    parts: list[str] = []
+    cands = [model] if model is not None else []
+    parents = cands
+    for p in loc:
+        key = str(p)
+        if key.startswith("function-"):
+            continue
+        if len(cands) > 1:  # a tagged union: pydantic puts the tag in the path
+            tagged = [m for m in cands if any(key in _literals(m, f) for f in m.model_fields)]
+            if len(tagged) == 1:
+                cands = parents = tagged
+                continue
+        parents = cands
+        fields = [m.model_fields[key] for m in cands if key in m.model_fields]
+        cands = _models(fields[0].annotation) if len(fields) == 1 else []
+        parts.append(key)
+    return ".".join(parts), parents, cands
 
 
 def _set_dotted(d: dict, dotted: str, value: Any) -> None:
@@ -125,7 +180,7 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
-        raise InputError(format_validation_error(e, source)) from None
+        raise InputError(format_validation_error(e, source, Scenario)) from None
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
