@@ -165,6 +165,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         key, raw = item.split("=", 1)
         if not key.strip():
             raise InputError(f"empty key in {item!r}", "--set")
+        if any(not k.strip() for k in key.split(".")):
+            raise InputError(f"empty field name in {key.strip()!r}; expected dotted.key=value "
+                             "such as workload.arrival.rate=8", "--set")
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
