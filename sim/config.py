@@ -9,6 +9,7 @@ field and the bad value (an :class:`sim.errors.InputError`).
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -20,7 +21,7 @@ from sim.errors import InputError
 from workloads.config import WorkloadConfig
 
 __all__ = ["Scenario", "SLOConfig", "MeasureConfig", "load_scenario", "scenario_from_dict",
-           "apply_overrides", "format_validation_error"]
+           "apply_overrides", "format_validation_error", "short_repr"]
 
 
 class SLOConfig(BaseModel):
@@ -79,6 +80,19 @@ class Scenario(BaseModel):
         return v
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 2
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to a line. NOTE: a YAML alias bomb (a few hundred bytes
+    that expand to 10^8 items) made a plain repr take minutes and gigabytes."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def format_validation_error(err: ValidationError, source: str,
                             model: type[BaseModel] | None = None) -> str:
     """One line per problem: ``source: field.path: message (got value)``.
@@ -91,7 +105,7 @@ def format_validation_error(err: ValidationError, source: str,
     for e in err.errors():
         path, parents, models = _user_path(model, e["loc"])
         got = e.get("input")
-        shown = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
+        shown = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {short_repr(got)})"
         msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         names = sorted({f for m in parents for f in m.model_fields})
         if e["type"] == "extra_forbidden" and names:
