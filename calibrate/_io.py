@@ -9,6 +9,7 @@ offending value, which is what the CLI prints.
 from __future__ import annotations
 
 import json
+import reprlib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,6 +68,16 @@ def _lookup(data: Any, loc: tuple) -> Any:
     return data
 
 
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to one line (a YAML alias bomb can expand to 10^8 items)."""
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = 80
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = 6
+    r.maxlevel = 2
+    text = r.repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def validate(cls: type[M], data: dict[str, Any], where: str) -> M:
     """``cls.model_validate(data)`` with errors that name file, field and value."""
     try:
@@ -74,9 +85,12 @@ def validate(cls: type[M], data: dict[str, Any], where: str) -> M:
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(err.get("loc", ()))
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        msg = err.get("msg", "invalid")
+        field = ".".join(str(p) for p in loc)
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        place = f"{where}: {field}" if field else where
         if err.get("type") == "missing":
-            raise InputError(f"missing required field {field!r}", where=f"{where}: {field}") from None
+            raise InputError(f"missing required field {field!r}", where=place) from None
         value = err.get("input", _lookup(data, loc))
-        raise InputError(f"{msg} (got {value!r})", where=f"{where}: {field}") from None
+        # NOTE: a cross-field check (loc empty) gets the whole file as input; its message names the values.
+        shown = "" if isinstance(value, dict) else f" (got {_short(value)})"
+        raise InputError(f"{msg}{shown}", where=place) from None
