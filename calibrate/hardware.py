@@ -55,7 +55,7 @@ def _check_points(points: Points) -> Points:
 class MeasuredRange(BaseModel):
     """Sizes a calibrated curve was fitted on (inclusive)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     tokens: tuple[float, float] | None = None
     bytes: tuple[float, float] | None = None
@@ -64,7 +64,7 @@ class MeasuredRange(BaseModel):
 class Efficiency(BaseModel):
     """Achieved fractions of peak for one operator class."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     compute: Points = Field(description="[[tokens, fraction of peak FLOP/s], ...]")
     memory: Points = Field(description="[[bytes, fraction of peak bandwidth], ...]")
@@ -79,7 +79,7 @@ class Efficiency(BaseModel):
 class Interconnect(BaseModel):
     """The tensor-parallel link: per-GPU bandwidth in one direction."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     bandwidth_gbs: float = Field(gt=0, description="GB/s per GPU per direction")
@@ -90,7 +90,7 @@ class Interconnect(BaseModel):
 class HostOverhead(BaseModel):
     """CPU time per step that the GPU waits for (scheduling, input prep, sampling)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     per_step_us: float = Field(ge=0)
     per_seq_us: float = Field(ge=0)
@@ -99,18 +99,19 @@ class HostOverhead(BaseModel):
 class HardwareProfile(BaseModel):
     """One device: peaks, overheads, efficiency curves, provenance."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     description: str = ""
     calibrated: bool = False
     peak_tflops: dict[str, float] = Field(description="dense TFLOP/s per dtype (no sparsity)")
-    memory_gib: float = Field(gt=0)
+    # NOTE: finite and bounded: inf or 1e300 GiB turned the KV capacity into NaN.
+    memory_gib: float = Field(gt=0, le=1e6)
     hbm_bandwidth_gbs: float = Field(gt=0)
     interconnect: Interconnect
     launch_latency_us: float = Field(ge=0, description="per-kernel launch gap")
     host_overhead: HostOverhead
-    memory_reserve_gib: float = Field(1.0, ge=0, description="CUDA context, workspaces, graphs")
+    memory_reserve_gib: float = Field(1.0, ge=0, le=1e6, description="CUDA context, workspaces, graphs")
     efficiency: dict[OpClass, Efficiency]
     provenance: dict[str, Any]
 
