@@ -114,7 +114,8 @@ def _prices(configs: Sequence[PlanConfig], spec: PlanSpec) -> dict[str, float]:
 
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
               prices: Mapping[str, float]) -> pd.DataFrame:
-    """plan.csv: one row per configuration, the Pareto front marked, sorted by cost."""
+    """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
+    (then by capacity, highest first)."""
     from reports.plan import pareto_mask
 
     metrics = list(dict.fromkeys([*spec.slos, spec.pareto_metric]))
@@ -135,8 +136,9 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         r["pareto"] = False
     for i, on in zip(ok, front):
         rows[i]["pareto"] = bool(on)
-    rows.sort(key=lambda r: (r["usd_per_1m_output_tokens"] is None,
-                             r["usd_per_1m_output_tokens"] or 0.0, r["config"]))
+    # NOTE: equal cost (same GPU count and price) ranks the higher capacity first: more headroom.
+    rows.sort(key=lambda r: (r["usd_per_1m_output_tokens"] is None, r["usd_per_1m_output_tokens"] or 0.0,
+                             -r["capacity_rps"], r["config"]))
     return pd.DataFrame(rows)
 
 
