@@ -13,7 +13,7 @@ $(BIN)/activate:
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch==2.13.0 unavailable: calibration tests will skip"
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]' || $(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed

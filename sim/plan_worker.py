@@ -99,18 +99,14 @@ def queue_metrics(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: flo
 
 
 def _policy_limits(scenario: Scenario):
-    """The policy's config and the limits that size its activation reserve.
-
-    NOTE: mirrors sim.runner._kv_cache, so "does not fit" here is exactly the
-    InputError a run of this configuration would raise.
-    """
+    """The policy's config and the limits that size its activation reserve
+    (the runner's own rule, so "does not fit" here is exactly the InputError a
+    run of this configuration would raise)."""
     import policies
+    from sim.runner import kv_limits
 
     cfg = policies.create_policy(scenario.policy).config
-    limits = {k: getattr(cfg, k) for k in ("max_num_batched_tokens", "max_num_seqs") if hasattr(cfg, k)}
-    if "max_num_seqs" not in limits and hasattr(cfg, "max_batch_size"):
-        limits["max_num_seqs"] = cfg.max_batch_size
-    return cfg, limits
+    return cfg, kv_limits(cfg)
 
 
 def _solo_seconds(cost, prompt: float, output: float, batch: int = 1) -> float:

@@ -35,7 +35,7 @@ from sim.state import UNFINISHED
 from sim.types import Workload
 from workloads import build_workload
 
-__all__ = ["RunResult", "Parts", "build_parts", "run_scenario", "simulate", "write_outputs"]
+__all__ = ["RunResult", "Parts", "build_parts", "kv_limits", "run_scenario", "simulate", "write_outputs"]
 
 
 @dataclass
@@ -93,11 +93,16 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
                  max_model_len=int(model.max_position_embeddings), meta=meta)
 
 
-def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
+def kv_limits(cfg) -> dict[str, int]:
+    """The policy limits that size a replica's activation reserve (and so its KV)."""
     limits = {k: getattr(cfg, k) for k in ("max_num_batched_tokens", "max_num_seqs") if hasattr(cfg, k)}
     if "max_num_seqs" not in limits and hasattr(cfg, "max_batch_size"):
         limits["max_num_seqs"] = cfg.max_batch_size
-    blocks = parts.kv_tokens(cfg.gpu_memory_utilization, **limits) // cfg.block_size
+    return limits
+
+
+def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
+    blocks = parts.kv_tokens(cfg.gpu_memory_utilization, **kv_limits(cfg)) // cfg.block_size
     if not getattr(cfg, "enable_prefix_caching", False):
         return PagedKVCache(blocks, cfg.block_size)
     wl = parts.workload
