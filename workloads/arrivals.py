@@ -117,6 +117,8 @@ def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: 
         t = np.repeat(start, k) + rng.random(int(k.sum())) * np.repeat(length, k)
         parts.append(np.sort(t))
         clock, count = float(start[-1] + length[-1]), count + int(k.sum())
+        if not math.isfinite(clock):  # later arrivals would overflow float64
+            break
     t = _cut(np.concatenate(parts), n, duration)
     return t - t[0] if len(t) else t
 
@@ -137,6 +139,8 @@ def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, durati
         keep = cand[rng.random(size) < ratio]
         parts.append(keep)
         clock, count = float(cand[-1]), count + len(keep)
+        if not math.isfinite(clock):  # later arrivals would overflow float64
+            break
     t = _cut(np.concatenate(parts), n, duration)
     return t - t[0] if len(t) else t
 

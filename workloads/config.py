@@ -24,7 +24,9 @@ __all__ = [
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NOTE: inf/NaN are refused everywhere: an infinite rate, duration or phase
+    # made arrival generation loop forever, an infinite median gave 1-token lengths.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------- traces
