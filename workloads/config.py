@@ -19,8 +19,12 @@ __all__ = [
     "FixedLength", "UniformLength", "LognormalLength", "EmpiricalLength", "LengthConfig",
     "TraceColumns", "LengthColumns", "AzureTrace", "MooncakeTrace", "BurstGPTTrace",
     "VllmBenchTrace", "CsvTrace", "JsonlTrace", "LengthsTrace", "TraceConfig",
-    "TIMED_FORMATS", "WorkloadConfig",
+    "TIMED_FORMATS", "WorkloadConfig", "MAX_TOKENS",
 ]
+
+
+MAX_TOKENS = 2**40
+"""Largest prompt or output length accepted anywhere (keeps token arithmetic in int64)."""
 
 
 class _Model(BaseModel):
@@ -36,7 +40,7 @@ class _FileOptions(_Model):
     path: str = Field(description="Trace file; a relative path resolves against the scenario file's folder.")
     max_requests: int | None = Field(None, ge=0, description="Keep at most this many requests (the first ones, after window and sample).")
     sample: float | None = Field(None, gt=0, le=1, description="Keep this fraction of the rows, chosen at random with the workload's seed.")
-    min_tokens: int = Field(1, ge=1, description="Prompt and output lengths below this are raised to it.")
+    min_tokens: int = Field(1, ge=1, le=MAX_TOKENS, description="Prompt and output lengths below this are raised to it.")
 
 
 class _TimedOptions(_FileOptions):
@@ -212,13 +216,13 @@ ArrivalConfig = Annotated[
 
 class FixedLength(_Model):
     dist: Literal["fixed"] = Field(description="Every request has the same length.")
-    value: int = Field(ge=1, description="Tokens.")
+    value: int = Field(ge=1, le=MAX_TOKENS, description="Tokens.")
 
 
 class UniformLength(_Model):
     dist: Literal["uniform"] = Field(description="Uniform integers in [min, max].")
-    min: int = Field(ge=1, description="Smallest length, tokens (inclusive).")
-    max: int = Field(ge=1, description="Largest length, tokens (inclusive).")
+    min: int = Field(ge=1, le=MAX_TOKENS, description="Smallest length, tokens (inclusive).")
+    max: int = Field(ge=1, le=MAX_TOKENS, description="Largest length, tokens (inclusive).")
 
     @model_validator(mode="after")
     def _order(self) -> "UniformLength":
@@ -229,10 +233,10 @@ class UniformLength(_Model):
 
 class LognormalLength(_Model):
     dist: Literal["lognormal"] = Field(description="Lognormal given by its median and 90th percentile, rounded and clipped to [min, max].")
-    median: float = Field(gt=0, description="Median length, tokens.")
-    p90: float = Field(gt=0, description="90th percentile, tokens (>= median).")
-    max: int | None = Field(None, ge=1, description="Longer draws are clipped to this (e.g. the model's context).")
-    min: int = Field(1, ge=1, description="Shorter draws are raised to this.")
+    median: float = Field(gt=0, le=MAX_TOKENS, description="Median length, tokens.")
+    p90: float = Field(gt=0, le=MAX_TOKENS, description="90th percentile, tokens (>= median).")
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Longer draws are clipped to this (e.g. the model's context).")
+    min: int = Field(1, ge=1, le=MAX_TOKENS, description="Shorter draws are raised to this.")
 
     @model_validator(mode="after")
     def _order(self) -> "LognormalLength":

@@ -15,7 +15,7 @@ import numpy as np
 from sim.errors import InputError
 
 from . import _io
-from .config import EmpiricalLength, FixedLength, LengthConfig, LognormalLength, UniformLength
+from .config import MAX_TOKENS, EmpiricalLength, FixedLength, LengthConfig, LognormalLength, UniformLength
 
 __all__ = ["sample", "fixed", "uniform", "lognormal", "empirical", "lognormal_sigma", "Z90"]
 
@@ -46,7 +46,7 @@ def lognormal(cfg: LognormalLength, n: int, rng: np.random.Generator) -> np.ndar
     as long as they lie inside [min, max].
     """
     x = rng.lognormal(np.log(cfg.median), lognormal_sigma(cfg.median, cfg.p90), size=n)
-    hi = float(cfg.max) if cfg.max is not None else float(np.iinfo(np.int64).max // 2)
+    hi = float(cfg.max) if cfg.max is not None else float(MAX_TOKENS)
     return np.rint(np.clip(x, cfg.min, hi)).astype(np.int64)
 
 
