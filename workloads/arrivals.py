@@ -23,7 +23,7 @@ import numpy as np
 
 from sim.errors import InputError
 
-from .config import (ArrivalConfig, ConstantArrival, DiurnalArrival, EmpiricalArrival,
+from .config import (MAX_REQUESTS, ArrivalConfig, ConstantArrival, DiurnalArrival, EmpiricalArrival,
                      GammaArrival, OnOffArrival, PoissonArrival)
 
 __all__ = ["generate", "renewal", "poisson", "gamma", "constant", "onoff", "diurnal", "empirical"]
@@ -34,6 +34,15 @@ _EMPTY = np.zeros(0, dtype=np.float64)
 def _chunk(expected: float) -> int:
     """Draws per chunk: the expected count plus six standard deviations, so one chunk nearly always suffices."""
     return int(min(expected + 6.0 * math.sqrt(expected) + 16.0, 1 << 24))
+
+
+def _check_count(expected: float, n: int | None) -> None:
+    """Refuse a duration that would generate more than MAX_REQUESTS arrivals
+    (they would exhaust memory before the simulation starts)."""
+    if n is None and expected > MAX_REQUESTS:
+        raise InputError(f"about {expected:.3g} requests arrive within duration_s; expected at most "
+                         f"{MAX_REQUESTS} (shorten duration_s, lower the rate or set num_requests)",
+                         "workload.duration_s")
 
 
 def _cut(t: np.ndarray, n: int | None, duration: float | None) -> np.ndarray:
@@ -54,6 +63,7 @@ def renewal(draw: Callable[[int], np.ndarray], mean_gap: float, n: int | None, d
         assert n is not None
         return _cut(np.concatenate(([0.0], np.cumsum(draw(n - 1)))), n, None)
     expected = duration / mean_gap + 1.0 if mean_gap > 0 else float(n or 0)
+    _check_count(expected, n)
     size = _chunk(min(expected, n) if n is not None else expected)
     parts, last, count = [np.zeros(1)], 0.0, 1
     while last < duration and (n is None or count < n):
@@ -83,6 +93,8 @@ def constant(cfg: ConstantArrival, rng: np.random.Generator, n: int | None, dura
     """One request every 1/rate seconds (no randomness)."""
     if cfg.rate == 0:
         return _EMPTY
+    if duration is not None:
+        _check_count(duration * cfg.rate, n)
     count = n if duration is None else math.ceil(duration * cfg.rate) + 1
     if n is not None:
         count = min(count, n)
@@ -102,6 +114,7 @@ def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: 
     if mean_rate == 0 or n == 0 or (duration is not None and duration <= 0):
         return _EMPTY
     want = n if duration is None else duration * mean_rate
+    _check_count(want, n)
     if n is not None:
         want = min(want, n)
     pairs = max(8, int(1.2 * want / (mean_rate * cycle)) + 8)
@@ -129,6 +142,7 @@ def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, durati
         return _EMPTY
     peak = cfg.rate * (1.0 + cfg.amplitude)
     want = n if duration is None else duration * cfg.rate
+    _check_count(want, n)
     if n is not None:
         want = min(want, n)
     size = _chunk(want * peak / cfg.rate)

@@ -19,12 +19,14 @@ __all__ = [
     "FixedLength", "UniformLength", "LognormalLength", "EmpiricalLength", "LengthConfig",
     "TraceColumns", "LengthColumns", "AzureTrace", "MooncakeTrace", "BurstGPTTrace",
     "VllmBenchTrace", "CsvTrace", "JsonlTrace", "LengthsTrace", "TraceConfig",
-    "TIMED_FORMATS", "WorkloadConfig", "MAX_TOKENS",
+    "TIMED_FORMATS", "WorkloadConfig", "MAX_TOKENS", "MAX_REQUESTS",
 ]
 
 
 MAX_TOKENS = 2**40
 """Largest prompt or output length accepted anywhere (keeps token arithmetic in int64)."""
+MAX_REQUESTS = 100_000_000
+"""Most requests a workload may generate (beyond it, memory runs out before the simulation starts)."""
 
 
 class _Model(BaseModel):
@@ -293,7 +295,7 @@ class WorkloadConfig(_Model):
     """The ``workload:`` section: a synthetic workload or a trace replay."""
 
     num_requests: int | None = Field(
-        None, ge=0,
+        None, ge=0, le=MAX_REQUESTS,
         description="Requests to generate; with a trace, an upper bound on the requests kept.",
     )
     duration_s: float | None = Field(
