@@ -36,6 +36,10 @@ def _chunk(expected: float) -> int:
     return int(min(expected + 6.0 * math.sqrt(expected) + 16.0, 1 << 24))
 
 
+MAX_PERIODS = 100_000_000
+"""Most on/off periods :func:`onoff` simulates."""
+
+
 def _check_count(expected: float, n: int | None) -> None:
     """Refuse a duration that would generate more than MAX_REQUESTS arrivals
     (they would exhaust memory before the simulation starts)."""
@@ -117,7 +121,12 @@ def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: 
     _check_count(want, n)
     if n is not None:
         want = min(want, n)
-    pairs = max(8, int(1.2 * want / (mean_rate * cycle)) + 8)
+    periods = 2.4 * want / (mean_rate * cycle)
+    if periods > MAX_PERIODS:
+        raise InputError(f"{want:.6g} requests at a mean {mean_rate:.3g} requests/s take about {periods:.3g} "
+                         f"on/off periods; expected at most {MAX_PERIODS:.0e} (use longer periods or "
+                         "higher rates)", "workload.arrival")
+    pairs = min(max(8, int(periods / 2) + 8), 1 << 20)
     means = np.array([cfg.mean_on_s, cfg.mean_off_s])
     rates = np.array([cfg.rate_on, cfg.rate_off])
     first = 0 if rng.random() < cfg.mean_on_s / cycle else 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "PoissonArrival", "GammaArrival", "ConstantArrival", "OnOffArrival",
@@ -19,7 +19,7 @@ __all__ = [
     "FixedLength", "UniformLength", "LognormalLength", "EmpiricalLength", "LengthConfig",
     "TraceColumns", "LengthColumns", "AzureTrace", "MooncakeTrace", "BurstGPTTrace",
     "VllmBenchTrace", "CsvTrace", "JsonlTrace", "LengthsTrace", "TraceConfig",
-    "TIMED_FORMATS", "WorkloadConfig", "MAX_TOKENS", "MAX_REQUESTS",
+    "TIMED_FORMATS", "WorkloadConfig", "MAX_TOKENS", "MAX_REQUESTS", "MAX_PERIOD_REQUESTS",
 ]
 
 
@@ -163,7 +163,15 @@ class GammaArrival(_Model):
 
     process: Literal["gamma"] = Field(description="Gamma renewal process (vLLM's --burstiness = 1/cv^2).")
     rate: float = Field(ge=0, description="Mean requests per second; 0 gives no requests.")
-    cv: float = Field(gt=0, description="Coefficient of variation of the gaps (1 = Poisson).")
+    cv: float = Field(gt=0, le=100, description="Coefficient of variation of the gaps (1 = Poisson), 0.001 to 100.")
+
+    @field_validator("cv")
+    @classmethod
+    def _cv(cls, v: float) -> float:
+        # NOTE: bounded: cv ~ 0 divided by zero (shape 1/cv^2), a huge cv takes ~cv^2 draws per gap.
+        if v < 0.001:
+            raise ValueError(f"cv {v:g} is too small; expected 0.001 to 100 (use process: constant for even gaps)")
+        return v
 
 
 class ConstantArrival(_Model):
@@ -173,14 +181,28 @@ class ConstantArrival(_Model):
     rate: float = Field(ge=0, description="Requests per second; 0 gives no requests.")
 
 
+MAX_PERIOD_REQUESTS = 1e7
+"""Most requests an on/off period may hold on average."""
+
+
 class OnOffArrival(_Model):
     """Two-state Markov-modulated Poisson process: bursts and lulls."""
 
     process: Literal["onoff"] = Field(description="On/off bursts (two-state MMPP).")
     rate_on: float = Field(ge=0, description="Requests per second while on.")
     rate_off: float = Field(0.0, ge=0, description="Requests per second while off.")
-    mean_on_s: float = Field(gt=0, description="Mean length of an on period, seconds (exponential).")
-    mean_off_s: float = Field(gt=0, description="Mean length of an off period, seconds (exponential).")
+    mean_on_s: float = Field(ge=0.001, description="Mean length of an on period, seconds (exponential, >= 1 ms).")
+    mean_off_s: float = Field(ge=0.001, description="Mean length of an off period, seconds (exponential, >= 1 ms).")
+
+    @model_validator(mode="after")
+    def _per_period(self) -> "OnOffArrival":
+        # NOTE: every arrival of a period is drawn at once; 10^14 of them ran out of memory.
+        for state in ("on", "off"):
+            rate, mean = getattr(self, f"rate_{state}"), getattr(self, f"mean_{state}_s")
+            if rate * mean > MAX_PERIOD_REQUESTS:
+                raise ValueError(f"rate_{state} x mean_{state}_s = {rate * mean:.6g} requests per {state} period; "
+                                 f"expected at most {MAX_PERIOD_REQUESTS:.0e}")
+        return self
 
 
 class DiurnalArrival(_Model):
