@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.errors import InputError
 from sim.types import Workload
 
 from . import arrivals, lengths, traces
@@ -58,6 +59,10 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     return _with_shared_prefix(wl, cfg.shared_prefix, r_prefix)
 
 
+MAX_PREFIX_UNITS = 1 << 20
+"""Most shared-prefix blocks one prompt may have."""
+
+
 def _with_shared_prefix(wl: Workload, sp, rng: np.random.Generator) -> Workload:
     """Attach prefix hashes: template units shared within a group, the rest unique.
 
@@ -67,6 +72,12 @@ def _with_shared_prefix(wl: Workload, sp, rng: np.random.Generator) -> Workload:
     if sp is None:
         return wl
     n = len(wl)
+    longest = int(wl.prompt_tokens.max()) if n else 0
+    if -(-longest // sp.block_tokens) > MAX_PREFIX_UNITS:
+        # NOTE: each prompt's block keys are a Python list; 10^9 of them never finished.
+        raise InputError(f"a {longest}-token prompt makes {-(-longest // sp.block_tokens)} blocks of "
+                         f"{sp.block_tokens} tokens; expected at most {MAX_PREFIX_UNITS} per prompt "
+                         "(raise block_tokens or shorten the prompts)", "workload.shared_prefix.block_tokens")
     member = rng.random(n) < sp.fraction
     group = rng.integers(0, sp.groups, n)
     unit = sp.block_tokens

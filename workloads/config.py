@@ -307,8 +307,8 @@ class SharedPrefixConfig(_Model):
     tokens are that template's. The rest of its prompt is its own.
     """
 
-    groups: int = Field(ge=1, description="Distinct shared prefixes (templates).")
-    tokens: int = Field(ge=1, description="Tokens of each shared prefix.")
+    groups: int = Field(ge=1, le=2**20, description="Distinct shared prefixes (templates).")
+    tokens: int = Field(ge=1, le=MAX_TOKENS, description="Tokens of each shared prefix.")
     fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that start with a template.")
     block_tokens: int = Field(512, ge=1, description="Tokens per prefix block (hash unit).")
 
