@@ -23,6 +23,8 @@ import pandas as pd
 
 from sim.errors import InputError
 
+from .config import MAX_TOKENS
+
 __all__ = ["Table", "resolve", "read_csv", "read_jsonl", "read_table", "tokens", "numbers", "times", "fail"]
 
 
@@ -227,7 +229,7 @@ def _short(v: object) -> str:
 
 
 def _fmt(v: object) -> str:
-    if isinstance(v, (float, np.floating)) and np.isfinite(v) and float(v).is_integer():
+    if isinstance(v, (float, np.floating)) and np.isfinite(v) and float(v).is_integer() and abs(v) < 1e16:
         return repr(str(int(v)))
     return _short(v)
 
@@ -237,7 +239,7 @@ def numbers(table: Table, column: str, expected: str, *, nonneg: bool = True) ->
     raw = table.columns[column]
     try:
         vals = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON integer beyond float64
         _first_non_number(table, column, expected)
         raise
     bad = ~np.isfinite(vals)
@@ -257,6 +259,8 @@ def _first_non_number(table: Table, column: str, expected: str) -> None:
     for i, v in enumerate(table.columns[column]):
         try:
             float(v)
+        except OverflowError:
+            raise table.error(i, column, f"{_short(v)} is too large; expected {expected}") from None
         except (TypeError, ValueError):
             if isinstance(v, str) and not v.strip():
                 raise table.error(i, column, f"missing value {v!r}; expected {expected}") from None
@@ -271,6 +275,12 @@ def tokens(table: Table, column: str) -> np.ndarray:
     if frac.any():
         i = int(np.argmax(frac))
         raise table.error(i, column, f"{_fmt(table.columns[column][i])} is not whole; expected {expected}")
+    # NOTE: beyond int64 the cast wraps (1e30 became -2^63, then min_tokens): refuse instead.
+    big = vals > MAX_TOKENS
+    if big.any():
+        i = int(np.argmax(big))
+        raise table.error(i, column, f"{_fmt(table.columns[column][i])} is too large; expected {expected} "
+                                     f"and at most {MAX_TOKENS}")
     return vals.astype(np.int64)
 
 
