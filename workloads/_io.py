@@ -136,7 +136,7 @@ def _parse_rows(path: Path, raw: list[bytes], keep: list[int]) -> list[dict]:
         raise fail(path, None, None, "file is empty; expected one JSON object per line")
     try:
         rows = json.loads(b"[" + b",".join([raw[i] for i in keep]) + b"]")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         rows = None
     if rows is None or len(rows) != len(keep):
         _locate_json_error(path, raw, keep)
@@ -191,7 +191,7 @@ def _read_jsonl_fast(path: Path, buf: bytes, keys: list[str], int_list: str) -> 
     keep = np.flatnonzero(np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)))
     try:
         rows = json.loads(b"[" + b",".join(filter(None, raw)) + b"]") if len(keep) else None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
     if rows is None or len(rows) != len(keep) or not all(isinstance(r, dict) for r in rows):
         return None
@@ -211,6 +211,8 @@ def _locate_json_error(path: Path, raw: list[bytes], keep: list[int]) -> None:
             obj = json.loads(raw[i])
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise fail(path, i + 1, None, f"not valid JSON ({getattr(e, 'msg', e)}): {_short(raw[i])}; expected one JSON object per line") from None
+        except RecursionError:
+            raise fail(path, i + 1, None, f"JSON nested too deeply: {_short(raw[i])}; expected one flat JSON object per line") from None
         if not isinstance(obj, dict):
             raise fail(path, i + 1, None, f"{_short(raw[i])} is not a JSON object; expected one object per line")
     raise fail(path, None, None, "cannot parse the file; expected one JSON object per line")

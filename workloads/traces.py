@@ -126,6 +126,8 @@ def read_vllm_bench(cfg: VllmBenchTrace, path: Path, rng: np.random.Generator) -
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise _io.fail(path, e.lineno, None, f"not valid JSON ({e.msg}); expected the object vllm bench serve saves") from None
+    except RecursionError:
+        raise _io.fail(path, None, None, "JSON nested too deeply; expected the object vllm bench serve saves") from None
     except UnicodeDecodeError as e:
         raise _io.fail(path, None, None, f"not UTF-8 text ({e.reason}); expected the JSON vllm bench serve saves") from None
     if not isinstance(data, dict):
