@@ -171,9 +171,15 @@ def _recorded(data: dict, n: int, rng: np.random.Generator, field) -> np.ndarray
         raise field("burstiness", f"{_io._short(burst)} is not a positive number; expected vLLM's gamma shape (1 = Poisson)")
     if not rate > 0:
         raise field("request_rate", f"{_io._short(rate)} is not positive; expected a rate > 0 or \"inf\"")
+    if not np.isfinite(burst):  # NOTE: an infinite shape drew NaN gaps: fewer times than rows
+        raise field("burstiness", f"{_io._short(burst)} is not finite; expected vLLM's gamma shape (1 = Poisson)")
     if np.isinf(rate) or n == 0:
         return np.zeros(n)
-    return renewal(lambda k: rng.gamma(burst, 1.0 / (rate * burst), k), 1.0 / rate, n, None)
+    t = renewal(lambda k: rng.gamma(burst, 1.0 / (rate * burst), k), 1.0 / rate, n, None)
+    if len(t) < n:  # times past float64's range are dropped
+        raise field("request_rate", f"{_io._short(rate)} puts arrival times beyond {t[-1]:.3g} s; "
+                                    "expected a rate that replays the file in finite time")
+    return t
 
 
 def read_csv(cfg: CsvTrace, path: Path, rng: np.random.Generator) -> Trace:
