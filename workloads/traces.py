@@ -251,7 +251,11 @@ def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> T
         tr = _window(_sorted(tr), cfg)
     tr = _subsample(tr, cfg, rng)
     if tr.time is not None:
-        time = tr.time / cfg.speedup
+        with np.errstate(over="ignore"):
+            time = tr.time / cfg.speedup
+        if len(time) and not np.isfinite(time[-1]):  # NOTE: an inf arrival ended the run at t = inf
+            raise InputError(f"speedup {cfg.speedup:g} puts arrival times beyond float range; expected a "
+                             f"speedup that keeps {tr.time[-1]:.6g} s finite", f"{tr.path}: speedup")
         if not cfg.keep_time and len(time):
             time = time - time[0]
         tr = replace(tr, time=time)
