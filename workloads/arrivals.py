@@ -99,7 +99,8 @@ def constant(cfg: ConstantArrival, rng: np.random.Generator, n: int | None, dura
         return _EMPTY
     if duration is not None:
         _check_count(duration * cfg.rate, n)
-    count = n if duration is None else math.ceil(duration * cfg.rate) + 1
+    # NOTE: with num_requests set, duration x rate may overflow (1e300 s x 1e308/s): n bounds it.
+    count = n if duration is None else math.ceil(min(duration * cfg.rate, float(MAX_REQUESTS))) + 1
     if n is not None:
         count = min(count, n)
     with np.errstate(over="ignore"):
