@@ -89,7 +89,7 @@ def gamma(cfg: GammaArrival, rng: np.random.Generator, n: int | None, duration: 
     if cfg.rate == 0:
         return _EMPTY
     shape = 1.0 / cfg.cv**2
-    scale = 1.0 / (cfg.rate * shape)
+    scale = (1.0 / cfg.rate) / shape  # NOTE: not 1/(rate*shape): that product underflows to 0 at rate 5e-324
     return renewal(lambda k: rng.gamma(shape, scale, k), 1.0 / cfg.rate, n, duration)
 
 
