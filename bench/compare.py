@@ -1,8 +1,9 @@
 """Compare two result files, and check that cost grows linearly with size.
 
 Absolute seconds on a shared machine move with its load, so the compared
-number is each case's ``ratio``: its wall time over the fixed calibration
-loop timed in the same process. A case is flagged ``slower`` when its ratio
+number is each case's ``ratio``: its CPU time over that of the fixed
+calibration loop timed in the same process (see :mod:`bench.child` for why
+CPU, not wall, time). A case is flagged ``slower`` when its ratio
 grew by more than the threshold (25% by default), and ``regressed`` when it
 finished before and now times out, runs out of memory or fails. Cases are
 matched by key; a case in only one file is skipped.

@@ -25,15 +25,15 @@ def _wall_cell(r: dict) -> str:
 
 
 def results_table(doc: dict) -> str:
-    """One row per case: wall s, req/s, steps/s, peak RSS, steps, ratio, load average."""
-    lines = ["| case | wall s | req/s | steps/s | peak RSS MiB | steps | ratio | load avg |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """One row per case: wall s, CPU s, req/s, steps/s, peak RSS, steps, ratio, load average."""
+    lines = ["| case | wall s | CPU s | req/s | steps/s | peak RSS MiB | steps | ratio | load avg |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["results"]:
         approx = "~" if r["status"] == "timeout" else ""
         rps = r.get("req_per_s")
         sps = r.get("steps_per_s")
         lines.append(
-            f"| {r['key']} | {_wall_cell(r)} | {approx + _f(rps, ',.0f') if rps is not None else '—'} | "
+            f"| {r['key']} | {_wall_cell(r)} | {_f(r.get('cpu_s') or r.get('elapsed_cpu_s'))} | {approx + _f(rps, ',.0f') if rps is not None else '—'} | "
             f"{approx + _f(sps, ',.0f') if sps is not None else '—'} | {_f(r.get('peak_rss_mb'), ',.0f')} | "
             f"{_f(r.get('steps'), ',d')} | {_f(r.get('ratio'), ',.0f')} | {_f((r.get('loadavg') or [None])[0], '.2f')} |")
     return "\n".join(lines)
@@ -43,7 +43,7 @@ def comparison_table(rows: list[dict], prev_label: str) -> str:
     """Ratio then and now per case, flagged beyond the noise threshold."""
     if not rows:
         return f"No case to compare with {prev_label} (different cases or calibration version)."
-    lines = [f"Compared with {prev_label} (ratio = wall / calibration loop):", "",
+    lines = [f"Compared with {prev_label} (ratio = CPU s / calibration loop CPU s):", "",
              "| case | ratio before | ratio now | change | flag |", "|---|---:|---:|---:|---|"]
     for r in rows:
         change = "—" if r["change"] is None else f"{r['change']:+.0%}"
@@ -88,11 +88,13 @@ def render(doc: dict, comparison: list[dict] | None, prev_label: str | None,
             f"{' (simulator sources modified)' if git['dirty'] else ''}, code {git['code']}; "
             f"Python {host['python']} on {host['cpus']} CPUs; load average "
             f"{host['loadavg_start'][0]:.2f} at start, {host.get('loadavg_end', [0])[0]:.2f} at end; "
-            f"calibration loop median {_f(doc['calibration']['median_s'], '.3f')} s.", "",
+            f"calibration loop median {_f(doc['calibration'].get('median_cpu_s'), '.3f')} CPU s "
+            f"({_f(doc['calibration']['median_s'], '.3f')} wall s).", "",
             results_table(doc), "",
             *_code_note(doc),
-            "`~` marks a timed-out case's rates, measured over the part it ran; "
-            "its estimated total extrapolates the completed fraction.", ""]
+            "Ratio: CPU s over the calibration loop's CPU s (what runs compare). `~` marks a "
+            "timed-out case's rates, measured over the part it ran; its estimated total "
+            "extrapolates the completed fraction.", ""]
     if comparison is not None and prev_label is not None:
         head += [comparison_table(comparison, prev_label), ""]
     if any(len(g["points"]) > 1 for g in linearity):

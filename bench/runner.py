@@ -116,7 +116,7 @@ def _derive(r: dict, size: int) -> dict:
     if r["status"] == "ok":
         r["req_per_s"] = size / r["wall_s"]
         r["steps_per_s"] = r["steps"] / r["wall_s"]
-        r["ratio"] = r["wall_s"] / r["calibration_s"]
+        r["ratio"] = r["cpu_s"] / r["calibration_cpu_s"]
     elif r["status"] == "timeout" and r.get("progress") and r.get("elapsed_s"):
         p, el = r["progress"], r["elapsed_s"]
         r["steps"] = p["steps"]
@@ -124,9 +124,10 @@ def _derive(r: dict, size: int) -> dict:
         r["req_per_s"] = p["completed"] / el
         # NOTE: an estimate from the completed fraction; under overload the
         # queue (and so the cost of a step) grows, so it is a lower bound.
-        r["est_wall_s"] = el * size / p["completed"] if p["completed"] else None
-        if r["est_wall_s"] and r.get("calibration_s"):
-            r["ratio"] = r["est_wall_s"] / r["calibration_s"]
+        share = size / p["completed"] if p["completed"] else None
+        r["est_wall_s"] = el * share if share else None
+        if share and r.get("calibration_cpu_s"):
+            r["ratio"] = r["elapsed_cpu_s"] * share / r["calibration_cpu_s"]
     return r
 
 
@@ -172,7 +173,7 @@ def new_document(label: str, limits: Limits) -> dict:
         "settings": {"model": MODEL, "hardware": HARDWARE, "prompt_tokens": PROMPT_TOKENS,
                      "output_tokens": OUTPUT_TOKENS, "saturation_rps": SATURATION_RPS,
                      "loads": LOADS, "limits": asdict(limits)},
-        "calibration": {"version": CALIBRATION_VERSION, "median_s": None},
+        "calibration": {"version": CALIBRATION_VERSION, "median_s": None, "median_cpu_s": None},
         "results": [],
     }
 
@@ -193,8 +194,9 @@ def run_suite(cases: Sequence[BenchCase], limits: Limits, path: Path, label: str
         echo(f"[{i}/{len(cases)}] {case.key} (rate {case.rate:g} req/s) ...")
         rec = run_case(case, limits)
         doc["results"].append(rec)
-        calib = [r["calibration_s"] for r in doc["results"] if r.get("calibration_s")]
-        doc["calibration"]["median_s"] = statistics.median(calib) if calib else None
+        for k in ("calibration_s", "calibration_cpu_s"):
+            got = [r[k] for r in doc["results"] if r.get(k)]
+            doc["calibration"]["median_" + k[len("calibration_"):]] = statistics.median(got) if got else None
         doc["host"]["loadavg_end"] = list(os.getloadavg())
         write_json(path, doc)
         echo("    " + _line(rec))

@@ -25,7 +25,7 @@ from bench.suite import benchmark
 RESULT_KEYS = {"key", "size", "policy", "load", "replicas", "rate", "status", "code", "loadavg",
                "wall_s", "build_s", "sim_s", "cpu_s", "requests", "completed", "steps",
                "req_per_s", "steps_per_s", "peak_rss_mb", "import_rss_mb", "calibration_s",
-               "calibration_runs_s", "ratio", "sim_duration_s"}
+               "calibration_cpu_s", "calibration_runs", "ratio", "sim_duration_s"}
 
 
 def test_smoke_run_writes_the_documented_schema(tmp_path: Path) -> None:
@@ -42,7 +42,8 @@ def test_smoke_run_writes_the_documented_schema(tmp_path: Path) -> None:
     assert r["steps"] > 0 and r["peak_rss_mb"] > 0
     assert r["wall_s"] == pytest.approx(r["build_s"] + r["sim_s"])
     assert r["req_per_s"] == pytest.approx(200 / r["wall_s"])
-    assert r["ratio"] == pytest.approx(r["wall_s"] / r["calibration_s"])
+    assert r["ratio"] == pytest.approx(r["cpu_s"] / r["calibration_cpu_s"])
+    assert r["calibration_cpu_s"] <= r["calibration_s"] * 1.05 and len(r["calibration_runs"]) == 6
     assert report.previous is None and "| 200/continuous/moderate/r1 | " in report.markdown
     assert (tmp_path / "smoke.md").read_text() == report.markdown
 
@@ -124,12 +125,13 @@ def test_render_mentions_the_previous_file_and_a_code_change() -> None:
     doc = _doc([("10k/continuous/moderate/r1", "ok", 100.0, 5)])
     doc.update(git={"commit": "abc", "dirty": True, "code": "x"},
                host={"python": "3.11", "cpus": 2, "loadavg_start": [1.0, 1, 1]})
-    doc["calibration"]["median_s"] = 0.1
-    doc["results"][0].update(code="x", loadavg=[1.0, 1, 1], req_per_s=1000.0, steps_per_s=5.0, peak_rss_mb=10.0)
+    doc["calibration"].update(median_s=0.1, median_cpu_s=0.05)
+    doc["results"][0].update(code="x", loadavg=[1.0, 1, 1], req_per_s=1000.0, steps_per_s=5.0, peak_rss_mb=10.0,
+                             cpu_s=9.5)
     doc["results"].append(dict(doc["results"][0], key="10k/static/moderate/r1", code="y"))
     text = render(doc, [], "old", [])
     assert "No case to compare with old" in text and "sources changed during this run (code x, y)" in text
-    assert "| 10k/continuous/moderate/r1 | 10.0 | 1,000 | 5 | 10 | 5 | 100 | 1.00 |" in text
+    assert "| 10k/continuous/moderate/r1 | 10.0 | 9.5 | 1,000 | 5 | 10 | 5 | 100 | 1.00 |" in text
 
 
 def test_sizes_and_cases() -> None:
