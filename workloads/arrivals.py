@@ -151,6 +151,9 @@ def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, durati
     if cfg.rate == 0 or n == 0 or (duration is not None and duration <= 0):
         return _EMPTY
     peak = cfg.rate * (1.0 + cfg.amplitude)
+    # NOTE: the phase reduced to one period: (t - 1e300) / period overflowed to inf, cos(inf)
+    # is NaN, no candidate was ever kept and the loop never ended.
+    phase = math.fmod(cfg.phase_s, cfg.period_s)
     want = n if duration is None else duration * cfg.rate
     _check_count(want, n)
     if n is not None:
@@ -159,7 +162,7 @@ def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, durati
     parts, clock, count = [], 0.0, 0
     while (n is None or count < n) and (duration is None or clock < duration):
         cand = clock + np.cumsum(rng.exponential(1.0 / peak, size))
-        ratio = (1.0 + cfg.amplitude * np.cos(2 * np.pi * (cand - cfg.phase_s) / cfg.period_s)) / (1.0 + cfg.amplitude)
+        ratio = (1.0 + cfg.amplitude * np.cos(2 * np.pi * (cand - phase) / cfg.period_s)) / (1.0 + cfg.amplitude)
         keep = cand[rng.random(size) < ratio]
         parts.append(keep)
         clock, count = float(cand[-1]), count + len(keep)

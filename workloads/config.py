@@ -211,7 +211,7 @@ class DiurnalArrival(_Model):
     process: Literal["diurnal"] = Field(description="Time-varying Poisson rate (thinning).")
     rate: float = Field(ge=0, description="Mean requests per second over a period.")
     amplitude: float = Field(0.5, ge=0, le=1, description="Relative swing of the rate around its mean (0..1).")
-    period_s: float = Field(86400.0, gt=0, description="Period of the rate curve, seconds.")
+    period_s: float = Field(86400.0, ge=0.001, description="Period of the rate curve, seconds (>= 1 ms).")
     phase_s: float = Field(0.0, description="Time of the rate's peak, seconds.")
 
 
