@@ -120,7 +120,7 @@ class RooflineCostModel:
 
     def _roofline(self, w: Work) -> tuple[float, float, int]:
         """(compute time, memory time, out-of-range 0/1) of ``w``, summed over its kernels."""
-        eff = self._eff[w.op_class]
+        eff = self._eff.get(w.name) or self._eff[w.op_class]  # an operator's own curves override its class's
         k = w.kernels
         per_bytes = w.bytes / k
         peak = self._gemm_peak if w.op_class == "gemm" else self._peak16

@@ -11,6 +11,11 @@ efficiency entry per operator class:
 - ``measured_range`` (calibrated profiles): the token and byte ranges the
   curves were fitted on; a prediction outside them is counted, never silent.
 
+A calibrated profile may also key an entry by an operator's name (``norms``,
+``rotary``, ...; :data:`OPERATORS`): it then prices that operator instead of
+its class's entry. Eager CPU kernels need it: their time per byte differs
+several-fold between, say, an embedding gather and an RMSNorm.
+
 Curves are interpolated as power laws between points (linear in log-log)
 and clamped at their ends. The
 calibration step (``batchsim calibrate``) writes the same schema with
@@ -28,13 +33,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from calibrate._io import catalog_names, read_mapping, resolve, validate
 
-__all__ = ["OP_CLASSES", "Efficiency", "Interconnect", "HostOverhead", "HardwareProfile",
+__all__ = ["OP_CLASSES", "OPERATORS", "Efficiency", "Interconnect", "HostOverhead", "HardwareProfile",
            "load_hardware", "hardware_names", "save_hardware"]
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 OP_CLASSES = ("gemm", "attention_prefill", "attention_decode", "elementwise")
 OpClass = Literal["gemm", "attention_prefill", "attention_decode", "elementwise"]
+# Operator names (calibrate.work) that may carry their own curves, overriding their class's.
+OPERATORS = ("embedding", "norms", "qkv_proj", "rotary", "kv_cache_write", "o_proj", "mlp_gate_up", "mlp_up",
+             "mlp_act", "mlp_down", "moe_router", "moe_gate_up", "moe_act", "moe_down", "lm_head")
 
 Points = list[tuple[float, float]]
 
@@ -112,7 +120,8 @@ class HardwareProfile(BaseModel):
     launch_latency_us: float = Field(ge=0, description="per-kernel launch gap")
     host_overhead: HostOverhead
     memory_reserve_gib: float = Field(1.0, ge=0, le=1e6, description="CUDA context, workspaces, graphs")
-    efficiency: dict[OpClass, Efficiency]
+    efficiency: dict[str, Efficiency] = Field(
+        description="one entry per operator class; optionally per operator name (overrides its class)")
     provenance: dict[str, Any]
 
     @field_validator("peak_tflops")
@@ -122,6 +131,15 @@ class HardwareProfile(BaseModel):
             raise ValueError("peak_tflops needs a bf16 or fp16 entry")
         if any(x <= 0 for x in v.values()):
             raise ValueError("peak_tflops values must be > 0")
+        return v
+
+    @field_validator("efficiency")
+    @classmethod
+    def _efficiency_keys(cls, v: dict[str, Efficiency]) -> dict[str, Efficiency]:
+        unknown = [k for k in v if k not in OP_CLASSES and k not in OPERATORS]
+        if unknown:
+            raise ValueError(f"unknown efficiency entries {unknown}: use operator classes {list(OP_CLASSES)} "
+                             f"or operator names {list(OPERATORS)}")
         return v
 
     @model_validator(mode="after")
