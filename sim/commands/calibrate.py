@@ -1,0 +1,127 @@
+"""``batchsim calibrate`` and ``batchsim validate``: fit a profile on a device, then check it.
+
+Thin: each command parses its options, calls one library function
+(:func:`calibrate.validate.calibrate_device` or :func:`calibrate.validate.validate`),
+shows a progress bar and prints the result. torch is imported inside the
+command bodies only, so ``batchsim --help`` and simulations run without it.
+``validate`` exits 1 when an error exceeds its tolerance, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+__all__ = ["register", "calibrate_command", "validate_command"]
+
+DeviceOpt = Annotated[str, typer.Option(help="where to run the kernels: cpu, cuda or cuda:<index>")]
+ThreadsOpt = Annotated[int, typer.Option(min=0, help="torch CPU threads while timing (0: leave torch's default)")]
+
+
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        from sim.errors import InputError
+
+        raise InputError("calibration needs torch: pip install 'batchsim[calibrate]'") from None
+
+
+def _progress(description: str):
+    """A rich progress bar and the ``(done, total, label)`` callback that drives it."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[label]}"), transient=True)
+    task = bar.add_task(description, total=1, label="")
+
+    def tick(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, label=label)
+    return bar, tick
+
+
+def calibrate_command(
+    out: Annotated[Path, typer.Option(help="profile YAML to write")],
+    device: DeviceOpt = "cpu",
+    dtype: Annotated[str, typer.Option(help="compute dtype: bf16 or fp16")] = "bf16",
+    quick: Annotated[bool, typer.Option("--quick", help="smaller grids and fewer rounds (CI: well under a minute on a CPU)")] = False,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="model whose shapes to time (repeatable; default tiny-llama on cpu, llama-3-8b on cuda); the first also runs whole steps for the host overhead")] = None,
+    name: Annotated[Optional[str], typer.Option(help="profile name (default from the device)")] = None,
+    threads: ThreadsOpt = 1,
+) -> None:
+    """Time real kernels on the device, fit a hardware profile, print the held-out fit error."""
+    _need_torch()
+    from rich.console import Console
+
+    from calibrate.hardware import save_hardware
+    from calibrate.validate import calibrate_device
+
+    bar, tick = _progress("calibrating")
+    with bar:
+        cal = calibrate_device(device, dtype, quick=quick, models=model, threads=threads or None, name=name,
+                               progress=tick)
+    save_hardware(cal.profile, out)
+    console = Console(highlight=False)
+    held = cal.held_out
+    console.print(f"profile {cal.profile.name} written to {out} ({len(cal.samples)} kernels timed, "
+                  f"{cal.seconds:.0f} s)")
+    console.print(f"peak {cal.profile.peak_tflops} TFLOP/s, bandwidth {cal.profile.hbm_bandwidth_gbs:g} GB/s, "
+                  f"launch {cal.profile.launch_latency_us:g} us, host {cal.profile.host_overhead.per_step_us:g} us/step "
+                  f"+ {cal.profile.host_overhead.per_seq_us:g} us/seq")
+    parts = ", ".join(f"{c} {v['median']:.1%}" for c, v in held.items() if c != "overall")
+    console.print(f"held-out kernel error (median |predicted/measured - 1|): {held['overall']['median']:.1%} "
+                  f"over {held['overall']['n']} kernels ({parts})")
+
+
+def validate_command(
+    profile: Annotated[Path, typer.Option(help="calibrated profile YAML of this device")],
+    out: Annotated[Path, typer.Option(help="output folder for validate.json, validate.csv and validate.png")],
+    device: DeviceOpt = "cpu",
+    model: Annotated[Optional[str], typer.Option(help="model to execute (default tiny-llama on cpu, llama-3-8b on cuda)")] = None,
+    policies: Annotated[str, typer.Option(help="comma-separated policies")] = "static,dynamic,continuous,chunked_prefill",
+    requests: Annotated[int, typer.Option(min=2, help="requests in the workload")] = 60,
+    rate: Annotated[float, typer.Option(min=0.01, help="Poisson arrival rate, requests/s (keep the executor well below saturation, where queueing amplifies any step-time error)")] = 4.0,
+    seed: Annotated[int, typer.Option(min=0, help="workload seed")] = 0,
+    repeats: Annotated[int, typer.Option(min=1, help="executor runs per policy (metrics: their median)")] = 1,
+    p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
+    p99_tol: Annotated[float, typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99")] = 0.25,
+    threads: ThreadsOpt = 1,
+) -> None:
+    """Run one workload through the reference executor and the simulator per policy; compare."""
+    _need_torch()
+    from rich.console import Console
+    from rich.table import Table
+
+    from calibrate.validate import validate, write_validation
+
+    bar, tick = _progress("validating")
+    with bar:
+        v = validate(device, profile, model=model, policies=[p.strip() for p in policies.split(",") if p.strip()],
+                     requests=requests, rate=rate, seed=seed, repeats=repeats, threads=threads or None,
+                     tol_p50=p50_tol, tol_p99=p99_tol, progress=tick)
+    files = write_validation(v, out)
+    table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
+    for col in ("policy", "metric", "measured", "simulated", "error", "tolerance", ""):
+        table.add_column(col, justify="right" if col in ("measured", "simulated", "error", "tolerance") else "left")
+    for r in v.rows:
+        tol = "-" if r["tolerance"] is None else f"{r['tolerance']:.0%}"
+        table.add_row(r["policy"], f"{r['metric']} {r['percentile']}", f"{r['measured_ms']:.2f}",
+                      f"{r['simulated_ms']:.2f}", f"{r['rel_error']:+.1%}", tol, "ok" if r["ok"] else "FAIL")
+    console = Console(width=None if Console().is_terminal else 120, highlight=False)
+    console.print(table)
+    for p, s in v.steps.items():
+        console.print(f"{p}: {s['steps']} steps, median |step-time error| {s['median_abs_error']:.1%}, "
+                      f"total {s['total_error']:+.1%}")
+    console.print(f"written: {', '.join(str(f) for f in files.values())}")
+    if not v.passed:
+        console.print("[bold red]FAILED[/]: an error exceeds its tolerance")
+        raise typer.Exit(1)
+    console.print("[green]OK[/]: every TTFT/TPOT error within tolerance")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``calibrate`` and ``validate`` to the ``batchsim`` app."""
+    app.command("calibrate")(calibrate_command)
+    app.command("validate")(validate_command)
