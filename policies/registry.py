@@ -12,6 +12,7 @@ that names ``policy.<field>``, the bad value and what was expected.
 from __future__ import annotations
 
 import importlib
+import math
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -123,6 +124,12 @@ def create_policy(spec: Mapping[str, Any]) -> Policy:
         raise InputError(f"missing or invalid name {name!r}; expected one of {', '.join(policy_names())}",
                          where="policy.name")
     cls = policy_class(name)
+    for key, value in spec.items():
+        # NOTE: an infinite timeout_s or max_queue_delay_s idled the replica until t = inf
+        # and the run ended in a non-finite duration. (Here rather than in each Config,
+        # so that outside policies get the check too.)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"got {value!r}; expected a finite number", where=f"policy.{key}")
     try:
         config = cls.Config.model_validate(dict(spec))
     except ValidationError as err:
