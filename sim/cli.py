@@ -58,6 +58,20 @@ def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None
     return sc, Path(path).resolve().parent
 
 
+def _naming_file(scenario: Path | None, fn, *args):
+    """``fn(*args)``; an InputError about a scenario field (``policy.max_num_seqs``,
+    ``router``) raised while building or running gets the scenario file in front."""
+    from sim.config import Scenario
+
+    try:
+        return fn(*args)
+    except InputError as e:
+        head = (e.where or "").split(".")[0]
+        if scenario is None or head not in Scenario.model_fields:
+            raise
+        raise InputError(e.message, f"{scenario}: {e.where}") from None
+
+
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
@@ -73,7 +87,7 @@ def run(
     sc, base = _load(scenario, policy, set_)
     if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
         raise InputError(f"{out} is a file; expected a folder for the records", "--out")
-    result = run_scenario(sc, base)
+    result = _naming_file(scenario, run_scenario, sc, base)
     dest = out or Path("runs") / f"{sc.name}-{result.summary['policy']}"
     write_outputs(result, dest)
     if as_json:
