@@ -160,10 +160,12 @@ def _user_path(model: type[BaseModel] | None, loc: tuple) -> tuple[str, list, li
 
 def _set_dotted(d: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
-    for k in keys[:-1]:
+    for depth, k in enumerate(keys[:-1]):
         nxt = d.get(k)
         if isinstance(nxt, str) and k == "policy":
             nxt = {"name": nxt}
+        if nxt is None and depth == 0 and k == "policy":  # --set policy.knob=v keeps the default policy
+            nxt = Scenario.model_fields["policy"].get_default(call_default_factory=True)
         if not isinstance(nxt, dict):
             nxt = {}
         d[k] = nxt
