@@ -1,0 +1,114 @@
+"""The CLI on bad input: exit code 2, one ``error:`` line, no traceback (unless --debug).
+
+Every case runs ``python -c "from sim.cli import main; main()" ...`` in a
+subprocess, as a user's shell would; the cases start together (a thread
+pool) so the whole file costs a few interpreter start-ups, not dozens.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CMD = [sys.executable, "-c", "from sim.cli import main; main()"]
+SCENARIO = "workload: {num_requests: 2, arrival: {process: poisson, rate: 5}}\n"
+
+
+def write_files(d: Path) -> None:
+    (d / "s.yaml").write_text(SCENARIO)
+    (d / "bad.yaml").write_text("model: llama-3-8b\npolicy: [unclosed\n")
+    (d / "unknown.yaml").write_text(SCENARIO + "bogus: 1\n")
+    model = json.loads(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                                   "num_key_value_heads": 64, "intermediate_size": 14336, "vocab_size": 128256,
+                                   "max_position_embeddings": 8192}))
+    (d / "m").mkdir()
+    (d / "m" / "config.json").write_text(json.dumps(model))
+    (d / "model.yaml").write_text(SCENARIO + f"model: {d / 'm'}\n")
+    (d / "t.csv").write_text("arrival,prompt_tokens,output_tokens\n0,10,5\n0.5,-3,5\n")
+    (d / "trace.yaml").write_text("workload: {trace: {format: csv, path: t.csv}}\n")
+    (d / "afile").write_text("")
+
+
+# (id, arguments, the exact stderr). {d} is the case folder (also the working directory).
+CASES = [
+    ("missing-file", ["run", "nope.yaml"], "error: no such scenario file: nope.yaml"),
+    ("markup-in-path", ["run", "[/b].yaml"], "error: no such scenario file: [/b].yaml"),
+    ("bad-yaml", ["run", "bad.yaml"], "error: bad.yaml:3: not valid YAML: expected ',' or ']', but got '<stream end>'"),
+    ("unknown-field", ["run", "unknown.yaml"],
+     "error: unknown.yaml: bogus: unknown field; expected one of dtype, hardware, horizon_s, kv_cache_dtype, "
+     "max_queue_len, measure, model, name, policy, policy_knobs, replicas, router, seed, slo, "
+     "tensor_parallel_size, workload (got 1)"),
+    ("non-finite", ["run", "s.yaml", "--set", "workload.arrival.rate=.inf"],
+     "error: s.yaml: workload.arrival.rate: Input should be a finite number (got inf)"),
+    ("bad-set", ["run", "s.yaml", "--set", "replicas"], "error: --set: expected dotted.key=value, got 'replicas'"),
+    ("policy-knob", ["run", "s.yaml", "--set", "policy.max_num_seqs=0"],
+     "error: s.yaml: policy.max_num_seqs: got 0; expected greater than or equal to 1"),
+    ("model-config", ["run", "model.yaml"],
+     "error: {d}/m/config.json: num_attention_heads (32) must be a multiple of num_key_value_heads (64)"),
+    ("trace-line", ["run", "trace.yaml"],
+     "error: {d}/t.csv, line 3, column 'prompt_tokens': negative value '-3'; expected a whole number of tokens >= 0"),
+    ("too-many-requests", ["run", "s.yaml", "--set", "workload.duration_s=1e9", "--set", "workload.num_requests=null"],
+     "error: s.yaml: workload.duration_s: about 5e+09 requests arrive within duration_s; expected at most "
+     "100000000 (shorten duration_s, lower the rate or set num_requests)"),
+    ("out-is-a-file", ["run", "s.yaml", "--out", "afile"],
+     "error: --out: afile is a file; expected a folder for the records"),
+    ("unknown-option", ["run", "s.yaml", "--bogus"],
+     "error: No such option: --bogus (Possible options: --out) (see 'batchsim run --help')"),
+    ("option-bound", ["cost", "llama-3-8b", "h100-sxm", "--decode", "1000000000000"],
+     "error: Invalid value for '--decode': Input should be less than or equal to 1000000 (see 'batchsim cost --help')"),
+]
+OTHER = [("version", ["--version"]), ("debug", ["--debug", "run", "nope.yaml"])]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    """Run every case at once; {id: (returncode, stdout, stderr, folder)}."""
+
+    def one(case):
+        cid, args = case[:2]
+        d = tmp_path_factory.mktemp(cid)
+        write_files(d)
+        r = subprocess.run(CMD + args, capture_output=True, text=True, cwd=d, timeout=120)
+        return cid, (r.returncode, r.stdout, r.stderr, d)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, CASES + OTHER))
+
+
+@pytest.mark.parametrize("cid, args, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_with_one_exact_error_line_and_no_traceback(outcomes, cid, args, expected):
+    rc, out, err, d = outcomes[cid]
+    assert "Traceback" not in err and "Traceback" not in out
+    assert rc == 2, err
+    assert err.strip() == expected.format(d=d)
+
+
+def test_debug_shows_the_traceback(outcomes):
+    rc, out, err, _ = outcomes["debug"]
+    assert rc == 1 and "Traceback" in err and "InputError: no such scenario file: nope.yaml" in err
+
+
+def test_version(outcomes):
+    rc, out, err, _ = outcomes["version"]
+    assert rc == 0 and out.startswith("batchsim ") and not err
+
+
+def test_ctrl_c_exits_130_and_says_finished_results_are_kept(tmp_path):
+    (tmp_path / "big.yaml").write_text("workload: {num_requests: 3000000, arrival: {process: poisson, rate: 1000}}\n")
+    p = subprocess.Popen(CMD + ["run", "big.yaml", "--out", "o"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=tmp_path,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(4)  # imported and simulating
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert err.strip() == "interrupted; finished results already written are kept"
+    assert not (tmp_path / "o").exists()  # nothing half-written

@@ -1,0 +1,338 @@
+"""One test per error class, with the exact message a user sees.
+
+Each message names the file (or the scenario field), the field or line, the
+bad value and what was expected. docs/errors.md lists the same classes.
+These run in-process; tests/test_robust_cli.py checks the CLI's exit code 2
+and the absence of a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import policies
+from calibrate.hardware import load_hardware
+from calibrate.models import load_model
+from sim.config import load_scenario, scenario_from_dict
+from sim.errors import InputError
+from sim.runner import run_scenario
+from workloads import WorkloadConfig, build_workload
+
+SCENARIO_FIELDS = ("dtype, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
+                   "policy_knobs, replicas, router, seed, slo, tensor_parallel_size, workload")
+W = {"num_requests": 2}
+
+
+def message(fn, *args, **kwargs) -> str:
+    with pytest.raises(InputError) as e:
+        fn(*args, **kwargs)
+    return str(e.value)
+
+
+def scenario_error(data) -> str:
+    """The message for a scenario mapping, validated and then built and run."""
+    return message(lambda: run_scenario(scenario_from_dict(data, "s.yaml")))
+
+
+# ----------------------------------------------------------- scenario file
+
+
+def test_missing_scenario_file(tmp_path):
+    assert message(load_scenario, tmp_path / "nope.yaml") == f"no such scenario file: {tmp_path / 'nope.yaml'}"
+
+
+def test_scenario_that_is_not_yaml_names_the_line(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("model: llama-3-8b\npolicy: [unclosed\n")
+    assert message(load_scenario, p) == f"{p}:3: not valid YAML: expected ',' or ']', but got '<stream end>'"
+
+
+def test_scenario_that_is_not_utf8(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_bytes(b"name: caf\xe9\n")
+    assert message(load_scenario, p) == f"{p}: not UTF-8 text (invalid continuation byte at byte 9)"
+
+
+@pytest.mark.parametrize("text, got", [("- 1\n- 2\n", "list"), ("42\n", "int"), ("", "NoneType")])
+def test_scenario_that_is_not_a_mapping(tmp_path, text, got):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    assert message(load_scenario, p) == f"{p}: expected a mapping of scenario fields, got {got}"
+
+
+def test_unknown_field_lists_the_fields_allowed_there():
+    assert scenario_error({"workload": W, "bogus": 1}) == (
+        f"s.yaml: bogus: unknown field; expected one of {SCENARIO_FIELDS} (got 1)")
+    assert scenario_error({"workload": {"num_requests": 2, "arival": {}}}) == (
+        "s.yaml: workload.arival: unknown field; expected one of arrival, duration_s, num_requests, "
+        "output_tokens, prompt_tokens, shared_prefix, trace")
+    assert scenario_error({"workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1, "cv": 2}}}) == (
+        "s.yaml: workload.arrival.cv: unknown field; expected one of process, rate (got 2)")
+
+
+def test_wrong_type_and_out_of_range_values_show_the_value_and_the_bound():
+    assert scenario_error({"workload": W, "replicas": "two"}) == (
+        "s.yaml: replicas: Input should be a valid integer, unable to parse string as an integer (got 'two')")
+    assert scenario_error({"workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": -1}}}) == (
+        "s.yaml: workload.arrival.rate: Input should be greater than or equal to 0 (got -1)")
+
+
+@pytest.mark.parametrize("path, value", [
+    (("workload", "arrival", "rate"), float("inf")),
+    (("workload", "duration_s"), float("inf")),
+    (("workload", "prompt_tokens", "median"), float("nan")),
+])
+def test_non_finite_numbers_are_refused(path, value):
+    data = {"workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": 1},
+                         "prompt_tokens": {"dist": "lognormal", "median": 100, "p90": 200}}}
+    data["workload"][path[1]] = value if len(path) == 2 else {**data["workload"][path[1]], path[2]: value}
+    assert scenario_error(data) == f"s.yaml: {'.'.join(path)}: Input should be a finite number (got {value!r})"
+
+
+def test_missing_section_and_missing_union_tag():
+    assert scenario_error({}) == "s.yaml: workload: Field required"
+    assert scenario_error({"workload": {"num_requests": 2, "arrival": {"rate": 3}}}) == (
+        "s.yaml: workload.arrival: missing 'process'; expected one of poisson, gamma, constant, onoff, diurnal, empirical")
+    assert scenario_error({"workload": {"trace": {"path": "t.csv"}}}) == (
+        "s.yaml: workload.trace: missing 'format'; expected one of azure, mooncake, burstgpt, vllm_bench, csv, "
+        "jsonl, lengths")
+
+
+def test_unknown_union_tag_lists_the_choices():
+    assert scenario_error({"workload": {"num_requests": 2, "arrival": {"process": "poison", "rate": 1}}}) == (
+        "s.yaml: workload.arrival: Input tag 'poison' found using 'process' does not match any of the expected "
+        "tags: 'poisson', 'gamma', 'constant', 'onoff', 'diurnal', 'empirical'")
+
+
+def test_cross_field_errors_print_both_values_and_every_problem_gets_a_line():
+    assert scenario_error({"replicas": 0, "workload": {
+        "num_requests": 2, "prompt_tokens": {"dist": "uniform", "min": 5, "max": 3}}}) == (
+        "s.yaml: replicas: Input should be greater than or equal to 1 (got 0)\n"
+        "s.yaml: workload.prompt_tokens: max (3) must be >= min (5)")
+    assert scenario_error({"workload": {}}) == (
+        "s.yaml: workload: set num_requests or duration_s (or both) for a synthetic workload")
+
+
+def test_a_yaml_alias_bomb_gives_a_short_message_quickly(tmp_path):
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    p = tmp_path / "bomb.yaml"
+    p.write_text("anchors:\n" + "\n".join("  " + x for x in lines) + "\nworkload: {num_requests: 1}\nname: *a8\n")
+    msg = message(load_scenario, p)  # 9^9 strings once expanded; used to take minutes and gigabytes
+    first, second = msg.split("\n")
+    assert first.startswith(f"{p}: name: Input should be a valid string (got [[[...], [...],") and len(first) < 250
+    assert second == f"{p}: anchors: unknown field; expected one of {SCENARIO_FIELDS}"
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("replicas", "--set: expected dotted.key=value, got 'replicas'"),
+    ("=3", "--set: empty key in '=3'"),
+    ("workload..rate=3", "--set: empty field name in 'workload..rate'; expected dotted.key=value such as "
+                         "workload.arrival.rate=8"),
+])
+def test_bad_set_overrides(tmp_path, override, expected):
+    p = tmp_path / "s.yaml"
+    p.write_text("workload: {num_requests: 2}\n")
+    assert message(load_scenario, p, [override]) == expected
+
+
+# ---------------------------------------------------------------- policies
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"name": "fifo"}, "policy.name: unknown policy 'fifo'; expected one of chunked_prefill, continuous, dynamic, "
+                       "static or 'package.module:ClassName'"),
+    ({"name": ":Cls"}, "policy.name: cannot load policy ':Cls': Empty module name; expected "
+                       "'package.module:ClassName'"),
+    ({"name": ".mod:Cls"}, "policy.name: cannot load policy '.mod:Cls': the 'package' argument is required to "
+                           "perform a relative import for '.mod'; expected 'package.module:ClassName'"),
+    ({"name": "os:path"}, "policy.name: 'os:path' is not a batchsim policy: expected a class with a schedule(view) "
+                          "method and a Config subclass of policies.base.PolicyConfig"),
+    ({"name": "continuous", "max_batch_size": 8},
+     "policy.max_batch_size: unknown knob for policy 'continuous' (got 8); expected one of block_size, "
+     "gpu_memory_utilization, max_model_len, max_num_seqs, max_num_batched_tokens, order, enable_prefix_caching, "
+     "prefill_mode"),
+    ({"name": "static", "timeout_s": -1}, "policy.timeout_s: got -1; expected greater than or equal to 0"),
+    ({"name": "static", "timeout_s": float("inf")}, "policy.timeout_s: got inf; expected a finite number"),
+    ({"name": "dynamic", "max_queue_delay_s": float("nan")}, "policy.max_queue_delay_s: got nan; expected a finite number"),
+    ({"name": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 4},
+     "policy.max_num_batched_tokens: max_num_batched_tokens (4) must be >= max_num_seqs (8) so every running "
+     "sequence can decode in each step"),
+])
+def test_policy_errors(spec, expected):
+    assert message(policies.create_policy, spec) == expected
+
+
+def test_router_error():
+    assert scenario_error({"workload": W, "router": "random"}) == (
+        "router: unknown router 'random'; expected one of round_robin, least_outstanding, power_of_two, least_kv")
+
+
+# ------------------------------------------------------ models and hardware
+
+
+def test_unknown_model_and_hardware_list_the_catalog():
+    assert message(load_model, "gpt-17").startswith("unknown model 'gpt-17': not a catalog name (llama-2-13b, ")
+    assert message(load_hardware, "tpu").startswith("unknown hardware profile 'tpu': not a catalog name (a100-40gb, ")
+    assert message(load_hardware, "tpu").endswith(", mi300x) and no such file")
+
+
+def config_json(tmp_path: Path, change: dict, drop: tuple = ()) -> Path:
+    data = yaml.safe_load((Path(__file__).parents[1] / "calibrate" / "catalog" / "llama-3-8b.yaml").read_text())
+    data.update(change)
+    for k in drop:
+        data.pop(k, None)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+@pytest.mark.parametrize("change, drop, expected", [
+    ({"hidden_size": "wide"}, (), "hidden_size: Input should be a valid integer, unable to parse string as an "
+                                  "integer (got 'wide')"),
+    ({"num_key_value_heads": 0}, (), "num_key_value_heads: Input should be greater than or equal to 1 (got 0)"),
+    ({}, ("num_hidden_layers",), "num_hidden_layers: missing required field 'num_hidden_layers'"),
+    ({"num_key_value_heads": 64}, (), "num_attention_heads (32) must be a multiple of num_key_value_heads (64)"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 9}, (),
+     "num_experts_per_tok (9) must be in 1..num_local_experts (8)"),
+])
+def test_model_config_errors_name_file_field_and_value(tmp_path, change, drop, expected):
+    p = config_json(tmp_path, change, drop)
+    assert message(load_model, str(p)) == f"{p}: {expected}"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"hidden_size": 4096,', "not valid JSON: Expecting property name enclosed in double quotes: line 1 column 22 "
+                              "(char 21)"),
+    ("[1, 2]", "expected a mapping at the top level, got list"),
+])
+def test_model_config_that_is_not_a_json_object(tmp_path, text, expected):
+    p = tmp_path / "config.json"
+    p.write_text(text)
+    assert message(load_model, str(p)) == f"{p}: {expected}"
+
+
+def profile_yaml(tmp_path: Path, change: dict) -> Path:
+    data = yaml.safe_load((Path(__file__).parents[1] / "calibrate" / "profiles" / "h100-sxm.yaml").read_text())
+    for key, value in change.items():
+        *parents, last = key.split(".")
+        d = data
+        for k in parents:
+            d = d[k]
+        if value is None:
+            del d[last]
+        else:
+            d[last] = value
+    p = tmp_path / "gpu.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"memory_gib": float("inf")}, "memory_gib: Input should be a finite number (got inf)"),
+    ({"memory_gib": 1e300}, "memory_gib: Input should be less than or equal to 1000000 (got 1e+300)"),
+    ({"peak_tflops": {"bf16": float("nan")}}, "peak_tflops.bf16: Input should be a finite number (got nan)"),
+    ({"launch_latency_us": float("inf")}, "launch_latency_us: Input should be a finite number (got inf)"),
+    ({"efficiency.gemm.compute": [[float("nan"), 0.5]]},
+     "efficiency.gemm.compute.0.0: Input should be a finite number (got nan)"),
+    ({"efficiency.gemm.compute": [[2, 0.5], [1, 0.6]]},
+     "efficiency.gemm.compute: curve sizes must be strictly increasing, got [2.0, 1.0] "
+     "(got [[2, 0.5], [1, 0.6]])"),
+    ({"efficiency.gemm": None}, "efficiency is missing operator classes ['gemm']"),
+])
+def test_hardware_profile_errors_name_file_field_and_value(tmp_path, change, expected):
+    p = profile_yaml(tmp_path, change)
+    assert message(load_hardware, str(p)) == f"{p}: {expected}"
+
+
+def test_a_model_that_does_not_fit_says_by_how_much():
+    assert scenario_error({"workload": W, "model": "llama-3.1-405b", "hardware": "l4"}) == (
+        "llama-3.1-405b (bf16) does not fit on l4 at tp=1: 0.9 x 24 GiB = 21.6 GiB per GPU, but weights take "
+        "756.0 GiB, runtime reserve 1.0 GiB and activations 3.3 GiB, leaving -738.7 GiB for the KV cache; "
+        "raise --tp or use a smaller dtype")
+
+
+# ---------------------------------------------------------------- workloads
+
+
+@pytest.mark.parametrize("workload, expected", [
+    ({"num_requests": 2 * 10**8}, "s.yaml: workload.num_requests: Input should be less than or equal to "
+                                  "100000000 (got 200000000)"),
+    ({"duration_s": 1e9, "arrival": {"process": "poisson", "rate": 12}},
+     "workload.duration_s: about 1.2e+10 requests arrive within duration_s; expected at most 100000000 "
+     "(shorten duration_s, lower the rate or set num_requests)"),
+    ({"num_requests": 2, "prompt_tokens": {"dist": "fixed", "value": 2**41}},
+     "s.yaml: workload.prompt_tokens.value: Input should be less than or equal to 1099511627776 (got 2199023255552)"),
+    ({"num_requests": 2, "arrival": {"process": "gamma", "rate": 1, "cv": 1e-9}},
+     "s.yaml: workload.arrival.cv: cv 1e-09 is too small; expected 0.001 to 100 (use process: constant for even "
+     "gaps) (got 1e-09)"),
+    ({"num_requests": 2, "arrival": {"process": "onoff", "rate_on": 1e9, "mean_on_s": 1, "mean_off_s": 1}},
+     "s.yaml: workload.arrival: rate_on x mean_on_s = 1e+09 requests per on period; expected at most 1e+07"),
+    ({"num_requests": 2, "arrival": {"process": "onoff", "rate_on": 1e-9, "mean_on_s": 1, "mean_off_s": 1}},
+     "workload.arrival: 2 requests at a mean 5e-10 requests/s take about 4.8e+09 on/off periods; expected at "
+     "most 1e+08 (use longer periods or higher rates)"),
+    ({"num_requests": 2, "prompt_tokens": {"dist": "fixed", "value": 2**30},
+      "shared_prefix": {"groups": 2, "tokens": 100, "block_tokens": 16}},
+     "workload.shared_prefix.block_tokens: a 1073741824-token prompt makes 67108864 blocks of 16 tokens; expected "
+     "at most 1048576 per prompt (raise block_tokens or shorten the prompts)"),
+])
+def test_workloads_too_big_or_too_extreme_to_generate(workload, expected):
+    assert scenario_error({"workload": workload}) == expected
+
+
+def trace_error(tmp_path: Path, name: str, body: str | bytes, **trace) -> str:
+    p = tmp_path / name
+    (p.write_bytes if isinstance(body, bytes) else p.write_text)(body)
+    cfg = WorkloadConfig.model_validate({"trace": {"path": name, **trace}})
+    return message(build_workload, cfg, np.random.default_rng(0), tmp_path)
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("arrival,prompt_tokens,output_tokens\n0,1e30,5\n",
+     "line 2, column 'prompt_tokens': '1e+30' is too large; expected a whole number of tokens >= 0 and at most "
+     "1099511627776"),
+    ("arrival,prompt_tokens,output_tokens\n0,10,9223372036854775808\n",
+     "line 2, column 'output_tokens': '9223372036854775808' is too large; expected a whole number of tokens >= 0 "
+     "and at most 1099511627776"),
+    ("arrival,prompt_tokens,output_tokens\n0,10,5\n1,x,5\n",
+     "line 3, column 'prompt_tokens': 'x' is not a number; expected a whole number of tokens >= 0"),
+])
+def test_csv_trace_values(tmp_path, body, expected):
+    assert trace_error(tmp_path, "t.csv", body, format="csv") == f"{tmp_path / 't.csv'}, {expected}"
+
+
+def test_jsonl_trace_with_a_huge_integer_or_deep_nesting(tmp_path):
+    big = '{"arrival": 0, "prompt_tokens": ' + "9" * 400 + ', "output_tokens": 5}\n'
+    assert trace_error(tmp_path, "t.jsonl", big, format="jsonl") == (
+        f"{tmp_path / 't.jsonl'}, line 1, column 'prompt_tokens': "
+        "'999999999999999999999999999999999999999999999999999999999...' is too large; expected a whole number "
+        "of tokens >= 0")
+    deep = '{"arrival": 0, "prompt_tokens": 5, "output_tokens": 5}\n{"x": ' + "[" * 5000 + "]" * 5000 + "}\n"
+    assert trace_error(tmp_path, "t.jsonl", deep, format="jsonl") == (
+        f"{tmp_path / 't.jsonl'}, line 2: JSON nested too deeply: '{{\"x\": {'[' * 51}...'; expected one flat "
+        "JSON object per line")
+
+
+def test_trace_speedup_that_overflows_arrival_times(tmp_path):
+    assert trace_error(tmp_path, "t.csv", "arrival,prompt_tokens,output_tokens\n0,10,5\n2,10,5\n",
+                       format="csv", speedup=1e-320) == (
+        f"{tmp_path / 't.csv'}: speedup: speedup 9.99989e-321 puts arrival times beyond float range; expected a "
+        "speedup that keeps 2 s finite")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"burstiness": float("inf")}, "field 'burstiness': 'inf' is not finite; expected vLLM's gamma shape (1 = Poisson)"),
+    ({"request_rate": 1e-308}, "field 'request_rate': '1e-308' puts arrival times beyond 1.55e+308 s; expected a "
+                               "rate that replays the file in finite time"),
+])
+def test_vllm_bench_recorded_arrivals_that_cannot_be_drawn(tmp_path, change, expected):
+    doc = {"input_lens": [10] * 8, "output_lens": [5] * 8, "request_rate": 1.0, **change}
+    assert trace_error(tmp_path, "v.json", json.dumps(doc), format="vllm_bench") == f"{tmp_path / 'v.json'}, {expected}"
+    deep = "[" * 100_000 + "]" * 100_000
+    assert trace_error(tmp_path, "v.json", deep, format="vllm_bench") == (
+        f"{tmp_path / 'v.json'}: JSON nested too deeply; expected the object vllm bench serve saves")
