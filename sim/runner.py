@@ -132,6 +132,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
     env.run(until=scenario.horizon_s)
     requests = request_frame(cluster.requests)
+    _check_conservation(requests, parts.workload, scenario.horizon_s)
     step_df = steps.frame()
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
     last = max([float(step_df["end"].max()) if len(step_df) else 0.0,
@@ -156,6 +157,16 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
     return RunResult(scenario, summary, requests, step_df, itl.frame(), meta)
+
+
+def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:
+    """Every request that arrived is completed, rejected or unfinished: never lost."""
+    arrived = len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
+    counts = requests["status"].value_counts()
+    accounted = sum(int(counts.get(k, 0)) for k in ("completed", "rejected", "unfinished"))
+    if len(requests) != arrived or accounted != arrived:
+        raise RuntimeError(f"conservation broken: {arrived} arrived, {len(requests)} recorded, "
+                           f"{accounted} completed + rejected + unfinished")
 
 
 def _per_replica(requests: pd.DataFrame, n: int) -> dict:
