@@ -336,3 +336,37 @@ def test_vllm_bench_recorded_arrivals_that_cannot_be_drawn(tmp_path, change, exp
     deep = "[" * 100_000 + "]" * 100_000
     assert trace_error(tmp_path, "v.json", deep, format="vllm_bench") == (
         f"{tmp_path / 'v.json'}: JSON nested too deeply; expected the object vllm bench serve saves")
+
+
+# ------------------------------------------------------------ safe loading
+
+UNSAFE_CALLS = {("yaml", "load"), ("yaml", "unsafe_load"), ("yaml", "full_load"), ("yaml", "load_all"),
+                ("pickle", "load"), ("pickle", "loads"), ("marshal", "loads"), ("pd", "read_pickle"),
+                ("pandas", "read_pickle"), ("torch", "load"), ("dill", "load"), ("shelve", "open")}
+
+
+def test_user_files_are_loaded_safely_everywhere():
+    """No yaml.load / pickle / eval / exec in the packages: user files are data, never code.
+
+    (A ``package.module:ClassName`` policy name imports that module on purpose:
+    it is how a user plugs in their own scheduler.)
+    """
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for pkg in ("sim", "policies", "workloads", "calibrate", "reports"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                if isinstance(f, ast.Name) and f.id in ("eval", "exec"):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {f.id}()")
+                elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and \
+                        (f.value.id, f.attr) in UNSAFE_CALLS:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {f.value.id}.{f.attr}()")
+                elif isinstance(f, ast.Attribute) and f.attr == "load" and any(
+                        k.arg == "allow_pickle" for k in node.keywords):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: load(allow_pickle=...)")
+    assert found == []
