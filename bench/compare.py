@@ -34,14 +34,27 @@ def _created(path: Path) -> dt.datetime:
         return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
 
 
-def newest_result(folder: Path, exclude: Iterable[Path] = ()) -> Path | None:
+def _keys(path: Path) -> set[str]:
+    try:
+        return {r["key"] for r in load_result(path).get("results", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def newest_result(folder: Path, exclude: Iterable[Path] = (),
+                  keys: Iterable[str] | None = None) -> Path | None:
     """The result file in ``folder`` with the latest ``created`` stamp (file time if it has none).
 
+    With ``keys``, only files holding at least one of those cases count, so
+    a one-off 1M trial does not become what a 10k run is compared with.
     NOTE: not the newest file time: a checkout gives every committed result
     the same mtime.
     """
     skip = {Path(p).resolve() for p in exclude}
     files = [p for p in Path(folder).glob("*.json") if p.resolve() not in skip]
+    if keys is not None:
+        want = set(keys)
+        files = [p for p in files if _keys(p) & want]
     return max(files, key=_created) if files else None
 
 

@@ -43,11 +43,12 @@ def benchmark(cases: Sequence[BenchCase], out_dir: Path, limits: Limits = Limits
     """Run ``cases``, write ``<label>.json`` and ``<label>.md`` under ``out_dir``, compare.
 
     The previous result is ``compare_to`` or else the newest file already in
-    ``out_dir`` (chosen before this run writes its own).
+    ``out_dir`` that shares a case with this run (chosen before this run
+    writes its own).
     """
     label = label or default_label()
     json_path, md_path = out_dir / f"{label}.json", out_dir / f"{label}.md"
-    previous = compare_to or newest_result(out_dir, exclude=[json_path])
+    previous = compare_to or newest_result(out_dir, exclude=[json_path], keys=[c.key for c in cases])
     doc = run_suite(cases, limits, json_path, label, echo)
     rows: list[dict] = []
     prev_label = None

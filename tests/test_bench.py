@@ -30,6 +30,8 @@ RESULT_KEYS = {"key", "size", "policy", "load", "replicas", "rate", "status", "c
 
 def test_smoke_run_writes_the_documented_schema(tmp_path: Path) -> None:
     case = BenchCase(200, "continuous", "moderate", 1)
+    old = _doc([("200/continuous/moderate/r1", "ok", 1.0, 1)])  # an impossibly fast previous run
+    (tmp_path / "old.json").write_text(json.dumps(old))
     report = benchmark([case], tmp_path, Limits(timeout_s=60), label="smoke", echo=lambda _: None)
     doc = json.loads((tmp_path / "smoke.json").read_text())
     assert doc == report.document
@@ -44,7 +46,9 @@ def test_smoke_run_writes_the_documented_schema(tmp_path: Path) -> None:
     assert r["req_per_s"] == pytest.approx(200 / r["wall_s"])
     assert r["ratio"] == pytest.approx(r["cpu_s"] / r["calibration_cpu_s"])
     assert r["calibration_cpu_s"] <= r["calibration_s"] * 1.05 and len(r["calibration_runs"]) == 6
-    assert report.previous is None and "| 200/continuous/moderate/r1 | " in report.markdown
+    assert report.previous == tmp_path / "old.json" and "| 200/continuous/moderate/r1 | " in report.markdown
+    assert [(x["key"], x["flag"]) for x in report.slowdowns] == [("200/continuous/moderate/r1", "slower")]
+    assert "Compared with 2025-01-01 (old.json)" in report.markdown
     assert (tmp_path / "smoke.md").read_text() == report.markdown
 
 
@@ -107,6 +111,11 @@ def test_newest_result_goes_by_created_stamp_not_file_time(tmp_path: Path) -> No
     assert newest_result(tmp_path) == tmp_path / "a.json"
     assert newest_result(tmp_path, exclude=[tmp_path / "a.json"]) == tmp_path / "b.json"
     assert newest_result(tmp_path / "none") is None
+    (tmp_path / "d.json").write_text(json.dumps(_doc([("1M/continuous/saturating/r1", "timeout", None, 1)],
+                                                     "2025-09-01T00:00:00+00:00")))
+    assert newest_result(tmp_path) == tmp_path / "d.json"
+    assert newest_result(tmp_path, keys=["10k/static/moderate/r1"]) is None  # a, b, c hold no case
+    assert newest_result(tmp_path, keys=["1M/continuous/saturating/r1"]) == tmp_path / "d.json"
 
 
 def test_linearity_ratios_between_sizes() -> None:
