@@ -65,7 +65,8 @@ def renewal(draw: Callable[[int], np.ndarray], mean_gap: float, n: int | None, d
         return _EMPTY
     if duration is None:
         assert n is not None
-        return _cut(np.concatenate(([0.0], np.cumsum(draw(n - 1)))), n, None)
+        with np.errstate(over="ignore"):  # overflowing times are dropped by _cut
+            return _cut(np.concatenate(([0.0], np.cumsum(draw(n - 1)))), n, None)
     expected = duration / mean_gap + 1.0 if mean_gap > 0 else float(n or 0)
     _check_count(expected, n)
     size = _chunk(min(expected, n) if n is not None else expected)
