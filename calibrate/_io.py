@@ -39,7 +39,7 @@ def resolve(name_or_path: str, directory: Path, kind: str) -> Path:
     if path.is_dir() and (path / "config.json").is_file():
         return path / "config.json"
     raise InputError(f"unknown {kind} {name_or_path!r}: not a catalog name ({', '.join(names)}) "
-                     "and no such file")
+                     f"and no such file ({path.resolve()})")
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
