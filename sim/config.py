@@ -205,6 +205,8 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, override and validate a scenario YAML file (safe loading only)."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError("is a folder; expected a scenario YAML file", str(p))
     if not p.is_file():
         raise InputError(f"no such scenario file: {p}")
     try:
