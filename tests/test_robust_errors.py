@@ -46,6 +46,10 @@ def test_missing_scenario_file(tmp_path):
     assert message(load_scenario, tmp_path / "nope.yaml") == f"no such scenario file: {tmp_path / 'nope.yaml'}"
 
 
+def test_scenario_path_that_is_a_folder(tmp_path):
+    assert message(load_scenario, tmp_path) == f"{tmp_path}: is a folder; expected a scenario YAML file"
+
+
 def test_scenario_that_is_not_yaml_names_the_line(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text("model: llama-3-8b\npolicy: [unclosed\n")
