@@ -164,18 +164,20 @@ def _recorded(data: dict, n: int, rng: np.random.Generator, field) -> np.ndarray
     rate = data.get("request_rate")
     try:
         rate = float(rate)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float64
         raise field("request_rate", f"{_io._short(rate)} is not a rate; expected a number or \"inf\" (or set arrivals_from: arrival)") from None
-    burst = data.get("burstiness", 1.0)
+    shown = burst = data.get("burstiness", 1.0)
+    if isinstance(burst, int):  # NOTE: a JSON integer may exceed float64 (and numpy's int64)
+        burst = float(burst) if abs(burst) < 1e300 else float("inf")
     if not isinstance(burst, (int, float)) or not burst > 0:
-        raise field("burstiness", f"{_io._short(burst)} is not a positive number; expected vLLM's gamma shape (1 = Poisson)")
+        raise field("burstiness", f"{_io._short(shown)} is not a positive number; expected vLLM's gamma shape (1 = Poisson)")
     if not rate > 0:
         raise field("request_rate", f"{_io._short(rate)} is not positive; expected a rate > 0 or \"inf\"")
     if not np.isfinite(burst):  # NOTE: an infinite shape drew NaN gaps: fewer times than rows
-        raise field("burstiness", f"{_io._short(burst)} is not finite; expected vLLM's gamma shape (1 = Poisson)")
+        raise field("burstiness", f"{_io._short(shown)} is not finite; expected vLLM's gamma shape (1 = Poisson)")
     if np.isinf(rate) or n == 0:
         return np.zeros(n)
-    t = renewal(lambda k: rng.gamma(burst, 1.0 / (rate * burst), k), 1.0 / rate, n, None)
+    t = renewal(lambda k: rng.gamma(burst, (1.0 / rate) / burst, k), 1.0 / rate, n, None)  # rate*burst may underflow
     if len(t) < n:  # times past float64's range are dropped
         raise field("request_rate", f"{_io._short(rate)} puts arrival times beyond {t[-1]:.3g} s; "
                                     "expected a rate that replays the file in finite time")
