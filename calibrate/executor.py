@@ -7,8 +7,9 @@ sizes from a :class:`~calibrate.models.ModelSpec`) built from the kernels of
 into one token batch for the GEMMs (as vLLM does), attention per row group.
 
 :class:`ExecutorReplica` is a :class:`sim.engine.Replica` whose ``price``
-hook runs the plan's rows through the model and returns the measured wall
-time, so SimPy's clock advances by real step times and the request and step
+hook runs the plan's rows through the model and returns the measured time
+(wall time on a GPU, the thread's CPU time on a CPU: :func:`calibrate.kernels.clock`),
+so SimPy's clock advances by real step times and the request and step
 records come from the very same engine and policy objects as a simulation.
 Padding rows of a static batch are executed too: a member's padding extends
 its prompt row (a real padded batch), dead decode slots run as scratch rows.
@@ -16,14 +17,13 @@ its prompt row (a real padded batch), dead decode slots run as scratch rows.
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from calibrate.kernels import (DTYPES, KernelTimer, add_rms_norm, bucket, decode_attention, prefill_attention,
-                               rope_tables, rotary, silu_and_mul, synchronize, write_kv)
+from calibrate.kernels import (DTYPES, KernelTimer, add_rms_norm, bucket, clock, decode_attention,
+                               prefill_attention, rope_tables, rotary, silu_and_mul, synchronize, write_kv)
 from calibrate.models import ModelSpec
 from sim.engine import Replica
 from sim.errors import InputError
@@ -83,6 +83,7 @@ class ReferenceModel:
             raise InputError(f"the reference executor runs dense gated Llama-style models; {spec.name} is not "
                              "(MoE, ungated MLP or attention bias)", "--model")
         self.spec, self.device, self.dtype = spec, device, DTYPES[dtype]
+        self.clock = clock(device)  # see calibrate.kernels.clock: thread CPU time on a CPU
         self.pad = device.type == "cpu" if pad is None else pad
         d, h, hk, dh = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         self.h, self.hk, self.dh = h, hk, dh
@@ -242,13 +243,15 @@ class ReferenceModel:
         for r in range(rounds + 1):
             for i, row in enumerate(rows):
                 self.reserve(len(row), max(x.kv + x.q for x in row), shrink=kernels)
-                timer = KernelTimer(self.device) if kernels and r else None
-                t0 = time.perf_counter()
-                self.step(row, timer)
-                if r:  # round 0 warms up (JIT, first touch)
-                    walls[i].append(time.perf_counter() - t0)
-                    for name, ts in (timer.times().items() if timer else ()):
+                if kernels and r:  # NOTE: a separate timed run: the timer's own cost stays out of the wall time
+                    timer = KernelTimer(self.device)
+                    self.step(row, timer)
+                    for name, ts in timer.times().items():
                         kern[i].setdefault(name, []).extend(ts)
+                t0 = self.clock()
+                self.step(row)
+                if r:  # round 0 warms up (JIT, first touch)
+                    walls[i].append(self.clock() - t0)
                 if progress:
                     progress(r * len(rows) + i + 1, (rounds + 1) * len(rows))
         return [sorted(w)[len(w) // 2] for w in walls], kern
@@ -273,24 +276,40 @@ class ReferenceModel:
             self.cos, self.sin = rope_tables(self.cap, self.dh, self.device, self.dtype)
         self._alloc(max(slots, 1))
 
-    def warm_up(self, max_tokens: int, max_rows: int) -> None:
-        """Compile every padded GEMM size up to ``max_tokens`` rows, then run a few steps."""
+    def warm_up(self, max_tokens: int, max_rows: int, max_prompt: int = 0) -> None:
+        """Compile what a run will meet, then run a few steps: on the CPU every padded GEMM
+        size up to ``max_tokens`` rows, causal attention of every prompt length up to
+        ``max_prompt`` and decode attention over every context the KV slabs hold.
+
+        NOTE: CPU SDPA compiles its kernels per shape too: a prompt length seen for
+        the first time cost 0.5-6 ms more than its next run (thread time), most of a
+        tiny model's prefill step. Chunks over a cached context are not covered.
+        """
         if self.pad:
-            sizes = sorted({bucket(n) for n in range(1, max_tokens + 1)})
-            layer = self.layers[0]
             with torch.inference_mode():
-                for n in sizes:
-                    x = torch.zeros(n, self.spec.hidden_size, device=self.device, dtype=self.dtype)
-                    for w in (layer["qkv"], layer["gate_up"]):
-                        F.linear(x, w)
-                    F.linear(torch.zeros(n, self.h * self.dh, device=self.device, dtype=self.dtype), layer["o"])
-                    F.linear(torch.zeros(n, self.spec.intermediate_size, device=self.device, dtype=self.dtype),
-                             layer["down"])
-                    if n <= bucket(max_rows):
-                        F.linear(x, self.lm_head)
+                self._warm_gemms(max_tokens, max_rows)
+                kc, vc = self.k_cache[0], self.v_cache[0]
+                for n in range(1, min(max_prompt, self.cap) + 1):
+                    prefill_attention(torch.zeros(n, self.h, self.dh, device=self.device, dtype=self.dtype),
+                                      kc, vc, [0], 0)
+                one = torch.zeros(1, self.h, self.dh, device=self.device, dtype=self.dtype)
+                slot = torch.zeros(1, dtype=torch.long, device=self.device)
+                for n in range(1, self.cap + 1):
+                    decode_attention(one, kc, vc, slot, torch.full((1,), n, device=self.device), n)
         kv, q = min(64, self.cap - 1), min(128, self.cap)
         shapes = [StepShape.of([(1, kv)] * b) for b in (1, 4, 16)] + [StepShape.of([(n, 0)]) for n in (min(16, q), q)]
         self.profile_steps(shapes, rounds=1)
+
+    def _warm_gemms(self, max_tokens: int, max_rows: int) -> None:
+        layer, d = self.layers[0], self.spec.hidden_size
+        for n in sorted({bucket(n) for n in range(1, max_tokens + 1)}):
+            x = torch.zeros(n, d, device=self.device, dtype=self.dtype)
+            for w in (layer["qkv"], layer["gate_up"]):
+                F.linear(x, w)
+            F.linear(torch.zeros(n, self.h * self.dh, device=self.device, dtype=self.dtype), layer["o"])
+            F.linear(torch.zeros(n, self.spec.intermediate_size, device=self.device, dtype=self.dtype), layer["down"])
+            if n <= bucket(max_rows):
+                F.linear(x, self.lm_head)
 
 
 class ExecutorReplica(Replica):
@@ -337,11 +356,11 @@ class ExecutorReplica(Replica):
         """
         times = []
         for _ in range(self.repeats):
-            t0 = time.perf_counter()
+            t0 = self.model.clock()
             self._sync()
             rows = self._rows(plan)
             sampled = self.model.step(rows)
-            times.append(time.perf_counter() - t0)
+            times.append(self.model.clock() - t0)
         seconds = sorted(times)[len(times) // 2]
         for r, tok in zip(rows, sampled):
             if tok is not None and r.key is not None:

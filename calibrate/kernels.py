@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from sim.errors import InputError
 
 __all__ = ["DTYPES", "resolve_device", "keep_heap", "synchronize", "device_name", "software_versions",
-           "time_calls", "launch_seconds", "copy_bandwidth", "peak_gemm_flops", "bucket",
+           "clock", "time_calls", "launch_seconds", "copy_bandwidth", "peak_gemm_flops", "bucket",
            "add_rms_norm", "rotary", "rope_tables", "write_kv", "silu_and_mul",
            "prefill_attention", "decode_attention", "KernelTimer"]
 
@@ -110,12 +110,26 @@ def software_versions(device: torch.device) -> dict[str, str]:
 
 
 # -- timing ------------------------------------------------------------------
+def clock(device: torch.device) -> Callable[[], float]:
+    """The clock that times work on ``device``: wall time on a GPU (after a synchronize),
+    this thread's CPU time on the CPU.
+
+    NOTE: on a shared machine a CPU-bound thread is descheduled for milliseconds at a
+    time: on the 2-vCPU VM of docs/validation.md the wall time of a fixed 7 ms loop
+    had a median of 11 ms and a p90 of 15 ms while its thread CPU time stayed at 7 ms.
+    With torch pinned to one thread every kernel runs on the calling thread, so its
+    CPU time is the step's own cost on the device, whoever else shares the machine.
+    """
+    return time.perf_counter if device.type == "cuda" else time.thread_time
+
+
+
 def time_calls(fn: Callable[..., object], args: Sequence[tuple], device: torch.device,
                warmup: int = 2, repeats: int = 10) -> list[float]:
     """Seconds of each of ``repeats`` calls ``fn(*args[i % len(args)])`` after ``warmup``.
 
     Inputs rotate so that successive calls touch different memory (caches
-    don't flatter). CUDA events on a GPU; ``perf_counter`` on the CPU.
+    don't flatter). CUDA events on a GPU; :func:`clock` on the CPU.
     """
     n = len(args)
     for i in range(warmup):
@@ -130,11 +144,11 @@ def time_calls(fn: Callable[..., object], args: Sequence[tuple], device: torch.d
             b.record()
         torch.cuda.synchronize(device)
         return [a.elapsed_time(b) * 1e-3 for a, b in marks]
-    times = []
+    now, times = clock(device), []
     for i in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         fn(*args[(warmup + i) % n])
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
     return times
 
 
@@ -142,14 +156,14 @@ def launch_seconds(device: torch.device, calls: int = 2000, rounds: int = 5) -> 
     """Per-call cost of an empty launch (a one-element add): dispatch plus launch."""
     a = torch.zeros(1, device=device)
     out = torch.empty_like(a)
-    per_call = []
+    now, per_call = clock(device), []
     for _ in range(rounds):
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = now()
         for _ in range(calls):
             torch.add(a, a, out=out)
         synchronize(device)
-        per_call.append((time.perf_counter() - t0) / calls)
+        per_call.append((now() - t0) / calls)
     return float(np.median(per_call))
 
 
@@ -286,11 +300,12 @@ class KernelTimer:
     NOTE: in place, not in a loop of its own. On a CPU the same kernel ran 2-4x
     faster timed back to back (code and data hot) and 2x slower timed between
     shuffled unrelated kernels (everything cold) than inside the model, where
-    its input is what the previous kernel just wrote. On a GPU, CUDA events.
+    its input is what the previous kernel just wrote. CUDA events on a GPU,
+    :func:`clock` on the CPU.
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+        self.cuda, self.now = device.type == "cuda", clock(device)
         self.marks: list[tuple] = []
 
     def __call__(self, name: str, fn: Callable, *args):
@@ -301,9 +316,9 @@ class KernelTimer:
             b.record()
             self.marks.append((name, a, b))
             return out
-        t0 = time.perf_counter()
+        t0 = self.now()
         out = fn(*args)
-        self.marks.append((name, time.perf_counter() - t0))
+        self.marks.append((name, self.now() - t0))
         return out
 
     def times(self) -> dict[str, list[float]]:

@@ -85,6 +85,7 @@ def validate_command(
     rate: Annotated[float, typer.Option(min=0.01, help="Poisson arrival rate, requests/s (keep the executor well below saturation, where queueing amplifies any step-time error)")] = 4.0,
     seed: Annotated[int, typer.Option(min=0, help="workload seed")] = 0,
     repeats: Annotated[int, typer.Option(min=1, help="executor runs per policy (metrics: their median)")] = 1,
+    step_repeats: Annotated[int, typer.Option(min=1, help="runs of each executed step; it costs the median run")] = 3,
     p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
     p99_tol: Annotated[float, typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99")] = 0.25,
     threads: ThreadsOpt = 1,
@@ -99,7 +100,8 @@ def validate_command(
     bar, tick = _progress("validating")
     with bar:
         v = validate(device, profile, model=model, policies=[p.strip() for p in policies.split(",") if p.strip()],
-                     requests=requests, rate=rate, seed=seed, repeats=repeats, threads=threads or None,
+                     requests=requests, rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats,
+                     threads=threads or None,
                      tol_p50=p50_tol, tol_p99=p99_tol, progress=tick)
     files = write_validation(v, out)
     table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
