@@ -133,6 +133,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     env.run(until=scenario.horizon_s)
     requests = request_frame(cluster.requests)
     _check_conservation(requests, parts.workload, scenario.horizon_s)
+    _check_unfinished_are_held(cluster)
     step_df = steps.frame()
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
     last = max([float(step_df["end"].max()) if len(step_df) else 0.0,
@@ -167,6 +168,17 @@ def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: flo
     if len(requests) != arrived or accounted != arrived:
         raise RuntimeError(f"conservation broken: {arrived} arrived, {len(requests)} recorded, "
                            f"{accounted} completed + rejected + unfinished")
+
+
+def _check_unfinished_are_held(cluster: Cluster) -> None:
+    """An unfinished request must still be queued or running on some replica."""
+    held = set()
+    for r in cluster.replicas:
+        held.update(r.seqs)
+    lost = [s.rid for s in cluster.requests if s.status == UNFINISHED and s.rid not in held]
+    if lost:
+        raise RuntimeError(f"conservation broken: {len(lost)} unfinished request(s) held by no "
+                           f"replica (rids {lost[:5]})")
 
 
 def _per_replica(requests: pd.DataFrame, n: int) -> dict:

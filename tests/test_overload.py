@@ -230,8 +230,6 @@ def test_the_conservation_check_catches_a_lost_request(monkeypatch):
         run(chat("continuous", 10.0, 3))
 
 
-@pytest.mark.xfail(reason="proposed for sim.runner: every unfinished request must still be queued or running "
-                          "on a replica; _check_conservation counts statuses only", strict=False)
 def test_the_runner_refuses_a_run_that_loses_a_request(monkeypatch):
     _lose_request_1(monkeypatch)
     sc = scenario_from_dict(chat("continuous", 10.0, 3))
