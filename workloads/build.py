@@ -34,6 +34,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     r_arrival, r_prompt, r_output, r_trace, r_prefix = rng.spawn(5)
     if cfg.trace is None:
         t = arrivals.generate(cfg.arrival, r_arrival, cfg.num_requests, cfg.duration_s, base)
+        _check_span(t, "workload.arrival")
         wl = Workload(
             arrival=t,
             prompt_tokens=lengths.sample(cfg.prompt_tokens, len(t), r_prompt, base),
@@ -48,6 +49,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
         if cfg.duration_s is not None:
             end = min(end, int(np.searchsorted(tr.time, cfg.duration_s, side="left")))
         tr = tr.take(slice(0, end))
+    _check_span(tr.time, str(tr.path) if cfg.trace_has_arrivals else "workload.arrival")
     block = getattr(cfg.trace, "block_tokens", 0) if tr.hashes is not None else 0
     wl = Workload(
         arrival=np.ascontiguousarray(tr.time, dtype=np.float64),
@@ -57,6 +59,21 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
         prefix_block_tokens=block,
     )
     return _with_shared_prefix(wl, cfg.shared_prefix, r_prefix)
+
+
+MAX_ARRIVAL_S = 1e10
+"""Latest arrival time accepted (about 300 years)."""
+
+
+def _check_span(t: np.ndarray, where: str) -> None:
+    """Refuse arrivals so late that a step no longer advances the clock.
+
+    NOTE: at t ~ 1e300 s a float's spacing dwarfs any step, so a request could
+    complete "before" it arrived. Up to 1e10 s the spacing stays below 2e-6 s.
+    """
+    if len(t) and t[-1] > MAX_ARRIVAL_S:
+        raise InputError(f"the last request arrives at {t[-1]:.3g} s; expected every arrival within "
+                         f"{MAX_ARRIVAL_S:.0e} s (raise the rate or shorten the trace's span)", where)
 
 
 MAX_PREFIX_UNITS = 1 << 20
