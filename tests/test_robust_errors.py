@@ -284,6 +284,9 @@ def test_a_model_that_does_not_fit_says_by_how_much():
       "shared_prefix": {"groups": 2, "tokens": 100, "block_tokens": 16}},
      "workload.shared_prefix.block_tokens: a 1073741824-token prompt makes 67108864 blocks of 16 tokens; expected "
      "at most 1048576 per prompt (raise block_tokens or shorten the prompts)"),
+    ({"num_requests": 3, "arrival": {"process": "constant", "rate": 1e-12}},
+     "workload.arrival: the last request arrives at 2e+12 s; expected every arrival within 1e+10 s (raise the "
+     "rate or shorten the trace's span)"),
 ])
 def test_workloads_too_big_or_too_extreme_to_generate(workload, expected):
     assert scenario_error({"workload": workload}) == expected
