@@ -59,9 +59,9 @@ class _Recording(runner.Cluster):
 
 
 def simulate_checked(sc, parts) -> RunResult:
-    """``simulate`` plus the conservation checks, including the one proposed for
-    ``sim.runner.simulate``: every unfinished request is still queued or running
-    on a replica (none was lost)."""
+    """``simulate`` plus the conservation checks, done here independently of the
+    runner's own: every unfinished request is still queued or running on a
+    replica (none was lost)."""
     cluster_class, runner.Cluster = runner.Cluster, _Recording
     try:
         result = simulate(sc, parts)
