@@ -9,6 +9,7 @@ offending value, which is what the CLI prints.
 from __future__ import annotations
 
 import json
+import os
 import reprlib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,12 +35,20 @@ def resolve(name_or_path: str, directory: Path, kind: str) -> Path:
     if name_or_path in names:
         return directory / f"{name_or_path}.yaml"
     path = Path(name_or_path).expanduser()
-    if path.is_file():
+    if _is(path, "is_file"):
         return path
-    if path.is_dir() and (path / "config.json").is_file():
+    if _is(path, "is_dir") and (path / "config.json").is_file():
         return path / "config.json"
     raise InputError(f"unknown {kind} {name_or_path!r}: not a catalog name ({', '.join(names)}) "
-                     f"and no such file ({path.resolve()})")
+                     f"and no such file ({os.path.abspath(path)})")
+
+
+def _is(path: Path, test: str) -> bool:
+    """``path.is_file()`` / ``is_dir()``, False for a name the OS refuses (a NUL byte, too long)."""
+    try:
+        return getattr(path, test)()
+    except (OSError, ValueError):
+        return False
 
 
 def read_mapping(path: Path) -> dict[str, Any]:

@@ -205,9 +205,13 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Read, override and validate a scenario YAML file (safe loading only)."""
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except (OSError, ValueError):  # a name the OS refuses: a NUL byte, too long
+        is_dir = is_file = False
+    if is_dir:
         raise InputError("is a folder; expected a scenario YAML file", str(p))
-    if not p.is_file():
+    if not is_file:
         raise InputError(f"no such scenario file: {p}")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))

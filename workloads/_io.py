@@ -12,6 +12,7 @@ locate an error that the fast path detected.
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -66,8 +67,12 @@ def resolve(path: str | Path, base_dir: Path | None) -> Path:
     p = Path(path).expanduser()
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
-    if not p.is_file():
-        raise InputError(f"file not found (resolved to {p.resolve()}); expected an existing trace file", str(path))
+    try:
+        found = p.is_file()
+    except (OSError, ValueError):  # a name the OS refuses: a NUL byte, too long
+        found = False
+    if not found:
+        raise InputError(f"file not found (resolved to {os.path.abspath(p)}); expected an existing trace file", str(path))
     return p
 
 
