@@ -377,3 +377,13 @@ def test_user_files_are_loaded_safely_everywhere():
                         k.arg == "allow_pickle" for k in node.keywords):
                     found.append(f"{path.relative_to(root)}:{node.lineno}: load(allow_pickle=...)")
     assert found == []
+
+
+@pytest.mark.parametrize("name", ["bad\x00name", "a" * 5000])
+def test_paths_the_os_refuses_are_not_found_not_a_crash(tmp_path, name):
+    assert message(load_scenario, name) == f"no such scenario file: {name}"
+    assert message(load_model, name).startswith(f"unknown model {name!r}: not a catalog name (")
+    assert message(load_hardware, name).endswith(f"and no such file ({tmp_path.cwd() / name})")
+    cfg = WorkloadConfig.model_validate({"trace": {"format": "csv", "path": name}})
+    assert message(build_workload, cfg, np.random.default_rng(0), tmp_path) == (
+        f"{name}: file not found (resolved to {tmp_path / name}); expected an existing trace file")
