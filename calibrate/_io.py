@@ -57,11 +57,18 @@ def read_mapping(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror or e}", where=str(path)) from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", where=str(path)) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise InputError(f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}",
-                         where=str(path)) from e
+    except json.JSONDecodeError as e:
+        raise InputError(f"not valid JSON: {e}", where=str(path)) from None
+    except yaml.YAMLError as e:  # one line: the problem and where, not PyYAML's multi-line context
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise InputError(f"not valid YAML: {getattr(e, 'problem', None) or e}", where=where) from None
+    except RecursionError:
+        raise InputError("nested too deeply; expected a mapping of fields", where=str(path)) from None
     if not isinstance(data, dict):
         raise InputError(f"expected a mapping at the top level, got {type(data).__name__}",
                          where=str(path))
