@@ -221,6 +221,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise InputError(f"not valid YAML: {getattr(e, 'problem', e)}", where) from None
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", str(p)) from None
+    except RecursionError:
+        raise InputError("nested too deeply; expected a mapping of scenario fields", str(p)) from None
     if not isinstance(data, dict):
         raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", str(p))
     data = apply_overrides(data, list(overrides or []))
