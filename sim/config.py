@@ -186,7 +186,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                              "such as workload.arrival.rate=8", "--set")
         try:
             value = yaml.safe_load(raw)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):  # not YAML: keep the text, validation says what is wrong
             value = raw
         _set_dotted(data, key.strip(), value)
     return data
