@@ -120,8 +120,9 @@ def create_policy(spec: Mapping[str, Any]) -> Policy:
     if not isinstance(spec, Mapping):
         raise InputError(f"expected a mapping with a 'name', got {spec!r}", where="policy")
     name = spec.get("name")
-    if not isinstance(name, str) or not name:
-        raise InputError(f"missing or invalid name {name!r}; expected one of {', '.join(policy_names())}",
+    if not isinstance(name, str) or not name or len(name) > 200:
+        shown = f"{name[:60]!r}... ({len(name)} characters)" if isinstance(name, str) and name else repr(name)
+        raise InputError(f"missing or invalid name {shown}; expected one of {', '.join(policy_names())}",
                          where="policy.name")
     cls = policy_class(name)
     for key, value in spec.items():
