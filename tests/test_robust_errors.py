@@ -387,3 +387,32 @@ def test_paths_the_os_refuses_are_not_found_not_a_crash(tmp_path, name):
     cfg = WorkloadConfig.model_validate({"trace": {"format": "csv", "path": name}})
     assert message(build_workload, cfg, np.random.default_rng(0), tmp_path) == (
         f"{name}: file not found (resolved to {tmp_path / name}); expected an existing trace file")
+
+
+def test_python_yaml_tags_are_refused_not_run(tmp_path):
+    p = tmp_path / "evil.yaml"
+    p.write_text('name: !!python/object/apply:os.system ["touch pwned"]\nworkload: {num_requests: 1}\n')
+    expected = ("not valid YAML: could not determine a constructor for the tag "
+                "'tag:yaml.org,2002:python/object/apply:os.system'")
+    assert message(load_scenario, p) == f"{p}:1: {expected}"
+    assert message(load_hardware, str(p)) == f"{p}:1: {expected}"
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_files_nested_too_deeply(tmp_path):
+    p = tmp_path / "deep.yaml"
+    p.write_text("[" * 600 + "]" * 600)  # past the recursion limit (PyYAML's scanner is quadratic in depth)
+    assert message(load_scenario, p) == f"{p}: nested too deeply; expected a mapping of scenario fields"
+    assert message(load_hardware, str(p)) == f"{p}: nested too deeply; expected a mapping of fields"
+    q = tmp_path / "s.yaml"
+    q.write_text("workload: {num_requests: 1}\n")
+    deep = "[" * 600 + "]" * 600  # a --set value: kept as text, then refused by validation
+    assert message(load_scenario, q, [f"workload.arrival={deep}"]) == (
+        f"{q}: workload.arrival: Input should be a valid dictionary or object to extract fields from "
+        f"(got '{'[' * 37}...{']' * 38}')")
+
+
+def test_model_config_that_is_not_utf8(tmp_path):
+    (tmp_path / "config.json").write_bytes(b'{"name": "caf\xe9"}')
+    assert message(load_model, str(tmp_path)) == (
+        f"{tmp_path / 'config.json'}: not UTF-8 text (invalid continuation byte at byte 13)")
