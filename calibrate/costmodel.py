@@ -20,18 +20,41 @@ handful of numpy reductions over the rows.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from calibrate.curves import ClassEfficiency
 from calibrate.hardware import HardwareProfile
 from calibrate.models import KV_DTYPES, WEIGHT_DTYPES, ModelSpec, check_dtype
-from calibrate.work import ShardShape, Work
+from calibrate.work import B_ACT, ShardShape, Work
 from sim.errors import InputError
 from sim.types import OpCost, StepCost, StepShape
 
-__all__ = ["RooflineCostModel"]
+__all__ = ["RooflineCostModel", "DecodeRun"]
 
 _ZERO = StepCost(seconds=0.0, flops=0.0, bytes=0.0)
+
+
+class DecodeRun(NamedTuple):
+    """Costs of ``count`` consecutive all-decode steps, one array element per step
+    (the fields of :class:`~sim.types.StepCost`)."""
+
+    seconds: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    network_s: float
+    overhead_s: float
+    out_of_range: np.ndarray
+
+    def step(self, j: int) -> StepCost:
+        """Step ``j`` as a :class:`StepCost`."""
+        return StepCost(seconds=float(self.seconds[j]), flops=float(self.flops[j]),
+                        bytes=float(self.bytes[j]), compute_s=float(self.compute_s[j]),
+                        memory_s=float(self.memory_s[j]), network_s=self.network_s,
+                        overhead_s=self.overhead_s, out_of_range=int(self.out_of_range[j]))
 _CACHE_LIMIT = 1 << 16
 
 
@@ -117,6 +140,49 @@ class RooflineCostModel:
         t = self.tp
         return StepCost(seconds=comp + mem + net + over, flops=flops * t, bytes=nbytes * t, compute_s=comp,
                         memory_s=mem, network_s=net, overhead_s=over, out_of_range=oor)
+
+    def price_decodes(self, rows: int, context: int, count: int, stride: int, sampled: int) -> DecodeRun:
+        """Price ``count`` all-decode steps at once, exactly as :meth:`price` would one by one.
+
+        Every step has ``rows`` rows of one new token each, all with ``kv > 0``;
+        step ``j``'s rows hold ``context + j * stride`` cached tokens in all
+        (``stride`` is ``rows`` when every row grows by one token per step).
+        This is the engine's fast-forward: the arithmetic is :meth:`price`'s,
+        operation for operation, on arrays (IEEE-exact for + - * /), and the
+        efficiency curves are evaluated with the same scalar code, so element
+        ``j`` equals ``price`` of that step bit for bit (tests check it).
+        """
+        if rows < 1 or count < 1:
+            raise ValueError(f"price_decodes needs rows >= 1 and count >= 1, got {rows}, {count}")
+        ctx = context + rows + stride * np.arange(count, dtype=np.int64)  # sum of (kv + 1) over rows
+        m, sh = self.model, self.shard
+        L = m.num_hidden_layers
+        kv_elt = 2 * sh.kv_heads * m.head_dim * sh.b_kv
+        qo = sh.heads * m.head_dim * B_ACT * 2
+        w_flops = L * 4.0 * ctx * sh.heads * m.head_dim
+        w_bytes = L * (ctx * kv_elt + rows * qo)
+        eff = self._eff.get("attention_decode") or self._eff["attention"]
+        per_bytes = w_bytes / L
+        curve = eff.memory
+        mem_eff = np.fromiter((curve(x) for x in per_bytes.tolist()), dtype=np.float64, count=count)
+        tc = w_flops / (self._peak16 * eff.compute(rows))
+        tm = w_bytes / (self._bw * mem_eff)
+        r = eff._range
+        if r is None:
+            oor = np.zeros(count, dtype=np.int64)
+        else:
+            inside = (r[0] <= rows <= r[1]) & (r[2] <= per_bytes) & (per_bytes <= r[3])
+            oor = (~inside).astype(np.int64)
+        comp, mem, net, over, flops, nbytes, oor0 = self._dense(rows, sampled)
+        cbound = tc >= tm
+        comp_s = np.where(cbound, comp + tc, comp)
+        mem_s = np.where(cbound, mem, mem + tm)
+        over = over + L * self._launch
+        over += self._host[0] + self._host[1] * rows
+        t = self.tp
+        return DecodeRun(seconds=comp_s + mem_s + net + over, flops=(flops + w_flops) * t,
+                         bytes=(nbytes + w_bytes) * t, compute_s=comp_s, memory_s=mem_s,
+                         network_s=net, overhead_s=over, out_of_range=oor0 + oor)
 
     def _roofline(self, w: Work) -> tuple[float, float, int]:
         """(compute time, memory time, out-of-range 0/1) of ``w``, summed over its kernels."""

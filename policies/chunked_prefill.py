@@ -48,4 +48,4 @@ class ChunkedPrefillPolicy(PolicyBase):
         # overtaken) or if this step preempted (vLLM v1: victims would thrash).
         if step.schedule_partial_prefills() and not step.preempted:
             step.admit(QUEUE_ORDERS[cfg.order](view.waiting), chunked=True)
-        return step.plan()
+        return step.plan(steady=True)

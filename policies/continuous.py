@@ -58,4 +58,4 @@ class ContinuousPolicy(PolicyBase):
             # victims would come straight back and thrash.
             if not step.preempted:
                 step.admit(queue, chunked=False)
-        return step.plan()
+        return step.plan(steady=True)

@@ -68,6 +68,7 @@ class StepBuilder:
         self.preempted: list[int] = []
         self.release: list[int] = []
         self.reject: dict[int, str] = {}
+        self._decodes = -1  # how many decodes the fast path scheduled (-1: it did not)
         # running, not finished, in admission order
         self.live: list[SeqView] = [s for s in view.running if not s.finished]
         if len(self.live) != len(view.running):
@@ -141,6 +142,7 @@ class StepBuilder:
         self.free -= need
         self.budget -= len(decodes)
         self.num_tokens.update(dict.fromkeys([s.rid for s in decodes], 1))
+        self._decodes = len(decodes)
         return True
 
     def schedule_partial_prefills(self) -> bool:
@@ -178,12 +180,18 @@ class StepBuilder:
                 return
             self.slots -= 1
 
-    def plan(self) -> BatchPlan:
+    def plan(self, steady: bool = False) -> BatchPlan:
         """The step as a value; victims listed in admission order.
 
         The engine puts preempted sequences at the front of the queue in plan
         order, so listing them oldest first restores their admission order
         (as vLLM does).
+
+        ``steady=True`` is the caller's word that its admission rule can only
+        get harder while the running decodes grow (the built-in policies':
+        token budget and slots fixed, free KV blocks shrinking); the plan is
+        then marked ``steady`` when it decodes every running sequence and
+        does nothing else (see :class:`~sim.types.BatchPlan`).
         """
         preempt: tuple[int, ...] = ()
         if self.preempted:
@@ -194,4 +202,6 @@ class StepBuilder:
             preempt=preempt,
             release=tuple(self.release),
             reject=self.reject,
+            steady=(steady and 0 < self._decodes == len(self.num_tokens) == len(self.live)
+                    and not self.preempted and not self.release and not self.reject),
         )

@@ -69,6 +69,8 @@ class Scenario(BaseModel):
     horizon_s: float | None = Field(None, gt=0, description="stop the simulation at this time")
     max_queue_len: int | None = Field(None, ge=1, description="reject arrivals beyond this many waiting per replica")
     measure: MeasureConfig = Field(default_factory=MeasureConfig)
+    fast_forward: bool = Field(True, description="price and apply runs of steady decode steps in one "
+                                                 "event (exact: the same records as step by step)")
 
     @field_validator("policy", mode="before")
     @classmethod

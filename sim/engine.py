@@ -9,11 +9,14 @@ policy logic here; one SimPy event per step.
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from typing import Callable, Sequence
+from heapq import heappush
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import simpy
+from simpy.core import NORMAL
 
 from sim.kv import PagedKVCache
 from sim.protocols import CostModel, Policy
@@ -22,6 +25,40 @@ from sim.state import COMPLETED, REJECTED, Seq
 from sim.types import BatchPlan, StepShape, Workload
 
 __all__ = ["Replica", "Cluster", "PolicyError"]
+
+
+def _timeout_at(env: simpy.Environment, when: float) -> simpy.Event:
+    """A timeout that fires at exactly ``when``.
+
+    ``env.timeout(when - env.now)`` lands on ``now + (when - now)``, which
+    float rounding can put one ulp off ``when`` (and some ``when`` no delay
+    reaches). A run's end must be the time the steps would have reached one
+    by one, so when no delay lands exactly, the event is queued at ``when``
+    the way ``Environment.schedule`` queues a timeout (simpy 4 internals).
+    """
+    now = env.now
+    delay = when - now
+    if now + delay == when:
+        return env.timeout(delay)
+    ev = simpy.Event(env)
+    ev._ok, ev._value = True, None
+    heappush(env._queue, (when, NORMAL, next(env._eid), ev))
+    return ev
+
+
+class _Run(NamedTuple):
+    """A planned run of k steady decode steps (see :meth:`Replica._decode_run`)."""
+
+    k: int
+    end: float  # when step k-1 ends
+    rows: list
+    grow: np.ndarray  # cumulative extra KV blocks through each step
+    seconds: np.ndarray  # of steps 0..k-1
+    ends: np.ndarray
+    more: object  # the cost model's DecodeRun of steps 1..
+    use_flops: np.ndarray  # useful FLOPs of steps 1..
+    start: float
+    waiting: int  # queue length through the run (no arrival before its last step)
 
 
 class PolicyError(RuntimeError):
@@ -57,7 +94,27 @@ class Replica:
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.outstanding = 0  # admitted to this replica and not yet done
+        # fast-forward (off until enable_fast_forward says when requests arrive)
+        self._next_arrival: Callable[[], float] | None = None
+        self._horizon = math.inf
+        self.fast_forward_steps = 0  # steps applied in bulk, for the benchmark's report
         self.process = env.process(self._loop())
+
+    def enable_fast_forward(self, next_arrival: Callable[[], float], horizon: float | None) -> None:
+        """Let runs of steady decode steps be priced and applied in one event.
+
+        ``next_arrival()`` is the time of the next request not yet delivered
+        to any replica (inf when none); ``horizon`` is when the simulation
+        stops. Exact: records are bit-identical with and without (see
+        :meth:`_decode_run`). Stays off when a subclass prices steps itself
+        (the reference executor times every step for real), when the cost
+        model cannot price runs of decodes, and with a prefix cache.
+        """
+        if (type(self).price is not Replica.price or type(self.kv) is not PagedKVCache
+                or not hasattr(self.cost, "price_decodes")):
+            return
+        self._next_arrival = next_arrival
+        self._horizon = math.inf if horizon is None else horizon
 
     # -- arrivals -------------------------------------------------------------
     def enqueue(self, seq: Seq) -> None:
@@ -102,7 +159,16 @@ class Replica:
             cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             start = env.now
-            yield env.timeout(cost.seconds)
+            if plan.steady and self._next_arrival is not None:
+                run = self._decode_run(plan, shape, useful, cost, start)
+                if run is not None:
+                    yield _timeout_at(env, run.end)
+                    shape, cost, useful_flops, start = self._apply_run(run, plan, shape, cost, useful_flops)
+                    preempted = 0
+            else:
+                run = None
+            if run is None:
+                yield env.timeout(cost.seconds)
             self.busy_s += cost.seconds
             self._advance(plan)
             self._record(plan, shape, cost, useful_flops, start, preempted)
@@ -271,6 +337,138 @@ class Replica:
                 del seqs[seq.rid]
             self.outstanding -= len(done)
 
+    # -- fast-forward ---------------------------------------------------------
+    # NOTE: a run of k steady steps is one SimPy timeout. Steps 0..k-2 are
+    # priced with cost.price_decodes and applied in bulk (numpy); step k-1
+    # goes through _advance/_record like any step, so completions, stamps and
+    # frees have one implementation. A run never spans an event that could
+    # change the plan: it ends at the first completion, at the step during
+    # which the next request arrives (that step's plan was made before the
+    # arrival, as without fast-forward), before the first step whose KV
+    # growth would not fit, and before the horizon. Every number is computed
+    # with the same float operations in the same order as step by step, so
+    # records are bit-identical (tests/test_fast_forward.py).
+    _MAX_RUN = 4096
+
+    def _decode_run(self, plan: BatchPlan, shape: StepShape, useful: StepShape | None,
+                    cost, start: float) -> "_Run | None":
+        """Plan a run of steady decode steps starting with the one just priced (or None)."""
+        n_rows = shape.num_rows
+        if shape.sampled != n_rows or int(shape.q.sum()) != n_rows or not n_rows or int(shape.kv.min()) < 1:
+            return None
+        seqs = self.seqs
+        rows = [seqs[rid] for rid in plan.num_tokens]
+        k = min([s.output_tokens - s.num_generated for s in rows], default=0)
+        k = min(k, self._MAX_RUN)
+        if k < 2:
+            return None
+        for s in rows:  # a steady plan decodes: each row samples its next token
+            if s.num_tokens - s.num_computed != 1 or s.last_token is None:
+                raise PolicyError(f"{self.policy.name}: a steady plan schedules rid {s.rid}, "
+                                  "which is not decoding")
+        ctx0 = int(shape.kv.sum())
+        more = self.cost.price_decodes(n_rows, ctx0 + n_rows, k - 1, n_rows, n_rows)
+        if useful is not None:
+            n_use = useful.num_rows
+            use_flops = self.cost.price_decodes(n_use, int(useful.kv.sum()) + n_use, k - 1, n_use,
+                                                useful.sampled).flops
+        else:
+            use_flops = more.flops
+        seconds = np.concatenate(([cost.seconds], more.seconds))
+        ends = np.cumsum(np.concatenate(([start + cost.seconds], more.seconds)))
+        # the step during which the next request arrives ends the run; if it
+        # ends exactly at the arrival, stop one step earlier so that step's
+        # event is scheduled as it would be without fast-forward
+        t_a = self._next_arrival()
+        j = int(np.searchsorted(ends, t_a, "left"))
+        if j < k:
+            k = j if (ends[j] == t_a and j >= 1) else j + 1
+        j = int(np.searchsorted(ends, self._horizon, "left"))  # steps ending at the horizon never finish
+        k = min(k, j)
+        if k < 2:
+            return None
+        # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
+        kv, bs = self.kv, self.kv.block_size
+        c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=len(rows))
+        held = np.fromiter((kv._held.get(s.rid, 0) for s in rows), dtype=np.int64, count=len(rows))
+        first = held * bs - c  # first step at which a row outgrows what it holds
+        grow = np.zeros(k, dtype=np.int64)
+        late = first < k
+        if late.any():
+            f = np.maximum(first[late], 1)
+            counts = (k - 1 - f) // bs + 1
+            pos = np.repeat(f, counts) + bs * (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
+            grow = np.cumsum(np.bincount(pos, minlength=k)[:k])
+            fits = int(np.searchsorted(grow, kv.free_blocks, "right"))  # steps 0..fits-1 fit
+            k = min(k, fits)
+            if k < 2:
+                return None
+            grow = grow[:k]
+        end = float(ends[k - 1])
+        if grow[k - 1]:
+            # grant the whole run's KV now: without fast-forward, a request
+            # arriving during the last step would see it all granted too
+            want = -(-(c + k) // bs)
+            kvh = kv._held
+            for s, h, w in zip(rows, held.tolist(), want.tolist()):
+                if w > h:
+                    kvh[s.rid] = w
+            kv._used += int(grow[k - 1])
+            if kv._used > kv.peak_used:
+                kv.peak_used = kv._used
+        return _Run(k, end, rows, grow, seconds[:k], ends[:k], more, use_flops, start, len(self.waiting))
+
+    def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
+        """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
+        k, rows, ends = run.k, run.rows, run.ends
+        n = len(rows)
+        # NOTE: KV for the whole run was granted when it started (_decode_run).
+        # records of steps 0..k-2
+        m = k - 1
+        more = run.more
+        used = self.kv.used_blocks - int(run.grow[k - 1]) + run.grow[:m]
+        starts = np.concatenate(([run.start], ends[: m - 1]))
+        useful_q = shape.q[:n]
+        kv_ctx = shape.kv[:n]
+        decode = int(((useful_q == 1) & (kv_ctx > 0)).sum())
+        padding = int(shape.q.sum()) - decode
+        self.steps.extend(
+            np.full(m, self.index), starts, ends[:m], np.full(m, n), np.full(m, shape.num_rows),
+            np.zeros(m, dtype=np.int64), np.full(m, decode), np.full(m, padding),
+            np.concatenate(([cost.flops], more.flops[: m - 1])),
+            np.concatenate(([useful_flops], run.use_flops[: m - 1])),
+            np.concatenate(([cost.bytes], more.bytes[: m - 1])),
+            np.concatenate(([cost.compute_s], more.compute_s[: m - 1])),
+            np.concatenate(([cost.memory_s], more.memory_s[: m - 1])),
+            np.full(m, cost.network_s), np.full(m, cost.overhead_s),
+            np.concatenate(([cost.out_of_range], more.out_of_range[: m - 1])),
+            used, np.full(m, run.waiting), np.full(m, len(self.running)), np.zeros(m, dtype=np.int64),
+        )
+        # inter-token gaps: step 0 from each row's last token, then one gap per step for all
+        last = np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
+        gap0 = ends[0] - last
+        gaps = ends[1:m] - ends[: m - 1]
+        rids = np.fromiter(plan.num_tokens, dtype=np.int64, count=n)
+        self.itl.extend(np.tile(rids, m), np.concatenate((gap0, np.repeat(gaps, n))))
+        top = float(gaps.max()) if len(gaps) else -math.inf
+        t_last = float(ends[m - 1])
+        for s, g in zip(rows, gap0.tolist()):
+            s.num_computed += m
+            s.num_tokens += m
+            s.num_generated += m
+            s.last_token = t_last
+            g = g if g > top else top
+            if g > s.max_itl:
+                s.max_itl = g
+        busy = self.busy_s
+        for x in run.seconds[:m].tolist():
+            busy += x
+        self.busy_s = busy
+        self.fast_forward_steps += m
+        j = m - 1  # index of step k-1 in run.more
+        last_shape = StepShape(q=shape.q, kv=shape.kv + m, sampled=shape.sampled)
+        return last_shape, more.step(j), float(run.use_flops[j]), t_last
+
     def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
         useful_q = shape.q[: len(plan.num_tokens)]
         kv_ctx = shape.kv[: len(plan.num_tokens)]
@@ -293,6 +491,7 @@ class Cluster:
         self.env, self.replicas, self.route = env, list(replicas), route
         self.workload, self.max_queue_len = workload, max_queue_len
         self.requests: list[Seq] = []
+        self.next_arrival = float(workload.arrival[0]) if len(workload) else math.inf
         env.process(self._arrivals())
 
     def _arrivals(self):
@@ -303,6 +502,7 @@ class Cluster:
         hashes = w.prefix_hashes
         for rid in range(len(arrival)):
             t = arrival[rid]
+            self.next_arrival = t
             if t > env.now:
                 yield env.timeout(t - env.now)
             seq = Seq(rid, t, prompt[rid], output[rid], hashes[rid] if hashes is not None else None)
@@ -313,3 +513,4 @@ class Cluster:
                 replica.reject(seq, f"queue full ({self.max_queue_len} waiting)")
                 continue
             replica.enqueue(seq)
+        self.next_arrival = math.inf

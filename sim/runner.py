@@ -59,6 +59,7 @@ class RunResult:
     steps: pd.DataFrame
     itl: pd.DataFrame
     meta: dict
+    engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
 
 
 def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
@@ -130,11 +131,22 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         replicas.append(replica(env, i, policy, parts.cost, kv, max_len, steps, itl))
     route = make_router(scenario.router, _seeds(scenario.seed)[1])
     cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
+    if scenario.fast_forward:
+        for r in replicas:
+            r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s)
     env.run(until=scenario.horizon_s)
     requests = request_frame(cluster.requests)
     _check_conservation(requests, parts.workload, scenario.horizon_s)
     _check_unfinished_are_held(cluster)
-    step_df = steps.frame()
+    step_df, itl_df = steps.frame(), itl.frame()
+    if scenario.replicas > 1:
+        # NOTE: replicas append records as their events finish, and a
+        # fast-forwarded run appends its steps at its end: put records in one
+        # canonical order (steps by end time then replica; gaps by request,
+        # each request's in time order) so outputs do not depend on that.
+        step_df = step_df.iloc[np.lexsort((step_df["replica"].to_numpy(), step_df["end"].to_numpy()))]
+        step_df = step_df.reset_index(drop=True)
+        itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
     last = max([float(step_df["end"].max()) if len(step_df) else 0.0,
                 float(parts.workload.arrival[-1]) if len(parts.workload) else 0.0])
@@ -146,7 +158,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         kv_peak_blocks=max(r.kv.peak_used for r in replicas),
         warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
     )
-    summary = summarize(requests, step_df, itl.frame(), totals, policy=replicas[0].policy.name,
+    summary = summarize(requests, step_df, itl_df, totals, policy=replicas[0].policy.name,
                         slo=scenario.slo.limits())
     if kv0.prefix_caching:
         hits, looks = sum(r.kv.hits for r in replicas), sum(r.kv.lookups for r in replicas)
@@ -157,7 +169,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
-    return RunResult(scenario, summary, requests, step_df, itl.frame(), meta)
+    engine = {"steps": len(step_df), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas)}
+    return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
 
 
 def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:

@@ -88,6 +88,12 @@ class BatchPlan:
     - ``idle_until``: when the plan schedules nothing, wake at this time at the
       latest (an arrival wakes the replica earlier); ``None`` waits for the
       next arrival.
+    - ``steady``: the policy's promise that this plan decodes one token for
+      every running sequence and that, until a request arrives or finishes
+      or the KV growth of these decodes no longer fits the free blocks, it
+      would plan exactly these decodes again each step. The engine may then
+      fast-forward: price and apply many such steps at once (exact; see
+      docs/performance.md). Leave it False unless that holds.
     """
 
     num_tokens: Mapping[int, int] = field(default_factory=dict)
@@ -100,6 +106,7 @@ class BatchPlan:
     complete_on_release: bool = False
     reject: Mapping[int, str] = field(default_factory=dict)
     idle_until: float | None = None
+    steady: bool = False
 
     @property
     def total_tokens(self) -> int:

@@ -36,7 +36,8 @@ def workload(arrivals, prompts, outputs) -> Workload:
 
 def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_blocks: int = 1000,
                block_size: int = 16, max_model_len: int = 100_000, router: str = "round_robin",
-               horizon: float | None = None, seed: int = 0, kv_factory=None):
+               horizon: float | None = None, seed: int = 0, kv_factory=None,
+               fast_forward: bool = False):
     """Run the engine directly; returns (requests df, steps df, itl df, cluster)."""
     env = simpy.Environment()
     steps, itl = StepLog(), ItlLog()
@@ -45,6 +46,9 @@ def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_bl
     reps = [Replica(env, i, policy_factory(), cost, kv_factory(),
                     max_model_len, steps, itl) for i in range(replicas)]
     cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl)
+    if fast_forward:
+        for r in reps:
+            r.enable_fast_forward(lambda: cluster.next_arrival, horizon)
     env.run(until=horizon)
     return request_frame(cluster.requests), steps.frame(), itl.frame(), cluster
 
