@@ -93,13 +93,14 @@ def _write(path: str, data: dict) -> None:
 
 def _progress() -> dict:
     """How far the simulation got, found by walking the live objects (only on timeout)."""
+    from sim.aggregate import StepTotals
     from sim.engine import Cluster
     from sim.records import StepLog
     from sim.state import COMPLETED
 
     got = {"steps": 0, "arrived": 0, "completed": 0, "sim_s": 0.0}
     for obj in gc.get_objects():
-        if isinstance(obj, StepLog):
+        if isinstance(obj, (StepLog, StepTotals)):
             got["steps"] += len(obj)
         elif isinstance(obj, Cluster):
             got["arrived"] += len(obj.requests)
@@ -139,7 +140,9 @@ def run(spec: dict, out: str) -> dict:
     return {
         "status": "ok", "build_s": t1 - t0[0], "sim_s": t2 - t1, "wall_s": t2 - t0[0], "cpu_s": cpu,
         "requests": len(parts.workload), "completed": int(summary.get("completed", 0)),
-        "steps": int(len(result.steps)), "sim_duration_s": float(summary.get("duration_s", 0.0)),
+        "steps": int(summary.get("num_steps", len(result.steps))),
+        "fast_forward_steps": int(result.engine.get("fast_forward_steps", 0)),
+        "sim_duration_s": float(summary.get("duration_s", 0.0)),
         "peak_rss_mb": peak_rss_mb(), "import_rss_mb": import_rss, **_calibration(calibration),
     }
 

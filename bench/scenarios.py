@@ -110,9 +110,9 @@ class BenchCase:
                 "prompt_tokens": dict(PROMPT_TOKENS),
                 "output_tokens": dict(OUTPUT_TOKENS),
             },
-            # NOTE: only stops steps.csv being written; simulate() keeps its
-            # in-memory step log either way (see docs/performance.md).
-            "measure": {"step_records": False},
+            # NOTE: aggregate records keep memory bounded (sim/aggregate.py):
+            # what a user replaying a million requests would use.
+            "measure": {"step_records": False, "records": "aggregate"},
         }
 
 

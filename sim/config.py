@@ -44,6 +44,10 @@ class MeasureConfig(BaseModel):
     warmup_s: float = Field(0.0, ge=0, description="ignore requests arriving before this time")
     cooldown_s: float = Field(0.0, ge=0, description="ignore requests arriving this long before the last arrival")
     step_records: bool = Field(True, description="write steps.csv (one row per step)")
+    records: Literal["full", "aggregate"] = Field(
+        "full", description="'full': keep every step and inter-token gap; 'aggregate': running totals "
+                            "and an ITL histogram (0.1% bins), memory bounded for million-request runs, "
+                            "no steps.csv (see sim/aggregate.py)")
 
 
 class Scenario(BaseModel):

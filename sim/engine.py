@@ -52,8 +52,7 @@ class _Run(NamedTuple):
     k: int
     end: float  # when step k-1 ends
     rows: list
-    grow: np.ndarray  # cumulative extra KV blocks through each step
-    seconds: np.ndarray  # of steps 0..k-1
+    grow: np.ndarray | None  # cumulative extra KV blocks through each step (None: none)
     ends: np.ndarray
     more: object  # the cost model's DecodeRun of steps 1..
     use_flops: np.ndarray  # useful FLOPs of steps 1..
@@ -354,95 +353,103 @@ class Replica:
                     cost, start: float) -> "_Run | None":
         """Plan a run of steady decode steps starting with the one just priced (or None)."""
         n_rows = shape.num_rows
-        if shape.sampled != n_rows or int(shape.q.sum()) != n_rows or not n_rows or int(shape.kv.min()) < 1:
+        if shape.sampled != n_rows or int(shape.q.sum()) != n_rows or int(shape.kv.min()) < 1:
             return None
         seqs = self.seqs
         rows = [seqs[rid] for rid in plan.num_tokens]
-        k = min([s.output_tokens - s.num_generated for s in rows], default=0)
-        k = min(k, self._MAX_RUN)
-        if k < 2:
-            return None
-        for s in rows:  # a steady plan decodes: each row samples its next token
+        k = self._MAX_RUN
+        for s in rows:
             if s.num_tokens - s.num_computed != 1 or s.last_token is None:
                 raise PolicyError(f"{self.policy.name}: a steady plan schedules rid {s.rid}, "
                                   "which is not decoding")
-        ctx0 = int(shape.kv.sum())
-        more = self.cost.price_decodes(n_rows, ctx0 + n_rows, k - 1, n_rows, n_rows)
-        if useful is not None:
-            n_use = useful.num_rows
-            use_flops = self.cost.price_decodes(n_use, int(useful.kv.sum()) + n_use, k - 1, n_use,
-                                                useful.sampled).flops
-        else:
-            use_flops = more.flops
-        seconds = np.concatenate(([cost.seconds], more.seconds))
-        ends = np.cumsum(np.concatenate(([start + cost.seconds], more.seconds)))
-        # the step during which the next request arrives ends the run; if it
-        # ends exactly at the arrival, stop one step earlier so that step's
-        # event is scheduled as it would be without fast-forward
-        t_a = self._next_arrival()
+            left = s.output_tokens - s.num_generated  # the run ends with the first completion
+            if left < k:
+                k = left
+        if k < 2:
+            return None
+        # the step during which the next request arrives ends the run (its plan
+        # was made before the arrival); steps ending at the horizon never finish
+        t_a, horizon = self._next_arrival(), self._horizon
+        t_stop = min(t_a, horizon)
+        if t_stop - start < 2 * cost.seconds:
+            return None
+        # NOTE: price only about as many steps as fit before t_stop (guessed
+        # from the first step, doubled until the guess covers it)
+        guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / cost.seconds * 1.25) + 2))
+        ctx0, price_decodes = int(shape.kv.sum()), self.cost.price_decodes
+        while True:
+            more = price_decodes(n_rows, ctx0 + n_rows, guess - 1, n_rows, n_rows)
+            ends = np.cumsum(np.concatenate(([start + cost.seconds], more.seconds)))
+            if guess == k or ends[-1] >= t_stop:
+                break
+            guess = min(k, 2 * guess)
+        k = guess
         j = int(np.searchsorted(ends, t_a, "left"))
-        if j < k:
+        if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
             k = j if (ends[j] == t_a and j >= 1) else j + 1
-        j = int(np.searchsorted(ends, self._horizon, "left"))  # steps ending at the horizon never finish
-        k = min(k, j)
+        k = min(k, int(np.searchsorted(ends, horizon, "left")))
         if k < 2:
             return None
         # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
         kv, bs = self.kv, self.kv.block_size
-        c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=len(rows))
-        held = np.fromiter((kv._held.get(s.rid, 0) for s in rows), dtype=np.int64, count=len(rows))
-        first = held * bs - c  # first step at which a row outgrows what it holds
-        grow = np.zeros(k, dtype=np.int64)
+        n = len(rows)
+        kvh = kv._held
+        c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=n)
+        held = np.fromiter((kvh.get(s.rid, 0) for s in rows), dtype=np.int64, count=n)
+        first = held * bs - c  # first step at which a row outgrows what it holds (>= 1)
         late = first < k
+        grow_total = 0
+        grow = None
         if late.any():
-            f = np.maximum(first[late], 1)
+            f = first[late]
             counts = (k - 1 - f) // bs + 1
             pos = np.repeat(f, counts) + bs * (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
             grow = np.cumsum(np.bincount(pos, minlength=k)[:k])
             fits = int(np.searchsorted(grow, kv.free_blocks, "right"))  # steps 0..fits-1 fit
-            k = min(k, fits)
-            if k < 2:
-                return None
+            if fits < k:
+                k = fits
+                if k < 2:
+                    return None
             grow = grow[:k]
-        end = float(ends[k - 1])
-        if grow[k - 1]:
+            grow_total = int(grow[k - 1])
+        if grow_total:
             # grant the whole run's KV now: without fast-forward, a request
             # arriving during the last step would see it all granted too
             want = -(-(c + k) // bs)
-            kvh = kv._held
             for s, h, w in zip(rows, held.tolist(), want.tolist()):
                 if w > h:
                     kvh[s.rid] = w
-            kv._used += int(grow[k - 1])
+            kv._used += grow_total
             if kv._used > kv.peak_used:
                 kv.peak_used = kv._used
-        return _Run(k, end, rows, grow, seconds[:k], ends[:k], more, use_flops, start, len(self.waiting))
+        if useful is not None:
+            n_use = useful.num_rows
+            use_flops = price_decodes(n_use, int(useful.kv.sum()) + n_use, k - 1, n_use, useful.sampled).flops
+        else:
+            use_flops = more.flops
+        return _Run(k, float(ends[k - 1]), rows, grow, ends[:k], more, use_flops, start, len(self.waiting))
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
         """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
-        k, rows, ends = run.k, run.rows, run.ends
+        k, rows, ends, more = run.k, run.rows, run.ends, run.more
         n = len(rows)
+        m = k - 1  # steps applied here; more[j] prices step j + 1
         # NOTE: KV for the whole run was granted when it started (_decode_run).
-        # records of steps 0..k-2
-        m = k - 1
-        more = run.more
-        used = self.kv.used_blocks - int(run.grow[k - 1]) + run.grow[:m]
-        starts = np.concatenate(([run.start], ends[: m - 1]))
-        useful_q = shape.q[:n]
-        kv_ctx = shape.kv[:n]
-        decode = int(((useful_q == 1) & (kv_ctx > 0)).sum())
-        padding = int(shape.q.sum()) - decode
+        used = self.kv.used_blocks
+        if run.grow is not None:
+            used = used - int(run.grow[m]) + run.grow[:m]
+        decode = int(((shape.q[:n] == 1) & (shape.kv[:n] > 0)).sum())
         self.steps.extend(
-            np.full(m, self.index), starts, ends[:m], np.full(m, n), np.full(m, shape.num_rows),
-            np.zeros(m, dtype=np.int64), np.full(m, decode), np.full(m, padding),
+            self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], n, shape.num_rows,
+            0, decode, int(shape.q.sum()) - decode,
             np.concatenate(([cost.flops], more.flops[: m - 1])),
             np.concatenate(([useful_flops], run.use_flops[: m - 1])),
             np.concatenate(([cost.bytes], more.bytes[: m - 1])),
             np.concatenate(([cost.compute_s], more.compute_s[: m - 1])),
             np.concatenate(([cost.memory_s], more.memory_s[: m - 1])),
-            np.full(m, cost.network_s), np.full(m, cost.overhead_s),
+            cost.network_s, cost.overhead_s,
             np.concatenate(([cost.out_of_range], more.out_of_range[: m - 1])),
-            used, np.full(m, run.waiting), np.full(m, len(self.running)), np.zeros(m, dtype=np.int64),
+            used, run.waiting, len(self.running), 0, count=m,
         )
         # inter-token gaps: step 0 from each row's last token, then one gap per step for all
         last = np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
@@ -457,17 +464,17 @@ class Replica:
             s.num_tokens += m
             s.num_generated += m
             s.last_token = t_last
-            g = g if g > top else top
+            if top > g:
+                g = top
             if g > s.max_itl:
                 s.max_itl = g
-        busy = self.busy_s
-        for x in run.seconds[:m].tolist():
+        busy = self.busy_s + cost.seconds
+        for x in more.seconds[: m - 1].tolist():
             busy += x
         self.busy_s = busy
         self.fast_forward_steps += m
-        j = m - 1  # index of step k-1 in run.more
         last_shape = StepShape(q=shape.q, kv=shape.kv + m, sampled=shape.sampled)
-        return last_shape, more.step(j), float(run.use_flops[j]), t_last
+        return last_shape, more.step(m - 1), float(run.use_flops[m - 1]), t_last
 
     def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
         useful_q = shape.q[: len(plan.num_tokens)]

@@ -75,7 +75,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
     duration = max(end - start, 1e-12)
     out_tok = int(done["output_tokens"].sum())
     in_tok = int(done["prompt_tokens"].sum())
-    gaps = itl[itl["rid"].isin(done["rid"])]["gap"].to_numpy() if len(itl) else np.empty(0)
+    aggregate = not isinstance(itl, pd.DataFrame)  # an ItlAggregate (measure.records: aggregate)
+    gaps = (np.empty(0) if aggregate or not len(itl)
+            else itl[itl["rid"].isin(done["rid"])]["gap"].to_numpy())
     s: dict = {
         "policy": policy,
         "num_requests": int(len(requests)),
@@ -93,6 +95,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
     }
     for name, vals in (("ttft", done["ttft"].to_numpy()), ("tpot", done["tpot"].to_numpy()),
                        ("itl", gaps), ("e2el", done["e2el"].to_numpy())):
+        if name == "itl" and aggregate:
+            s.update(itl.stats(name, PERCENTILES))
+            continue
         s.update(_stats(name, np.asarray(vals, dtype=float)))
     s["max_itl_ms"] = float(done["max_itl"].max() * 1000.0) if len(done) else 0.0
     s["preemptions"] = int(requests["preemptions"].sum()) if len(requests) else 0
@@ -100,20 +105,42 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
     return s
 
 
-def _utilization(steps: pd.DataFrame, totals: RunTotals) -> dict:
-    wall = max(totals.sim_end, 1e-12) * totals.replicas
-    busy = float((steps["end"] - steps["start"]).sum()) if len(steps) else 0.0
-    billed = float(steps[["prefill_tokens", "decode_tokens", "padding_tokens"]].to_numpy().sum())
-    useful = float(steps[["prefill_tokens", "decode_tokens"]].to_numpy().sum())
-    op_time = float(steps[["compute_s", "memory_s"]].to_numpy().sum())
+def step_sums(steps: pd.DataFrame) -> dict:
+    """The sums of the step records that utilization is made of (what
+    :meth:`sim.aggregate.StepTotals.totals` keeps without the records)."""
+    n = len(steps)
     return {
-        "busy_fraction": busy / wall,
-        "mfu": float(steps["useful_flops"].sum()) / (totals.peak_flops * wall),
-        "mbu": float(steps["bytes"].sum()) / (totals.peak_bandwidth * wall),
-        "compute_bound_fraction": float(steps["compute_s"].sum()) / op_time if op_time else 0.0,
-        "token_efficiency": useful / billed if billed else 1.0,
-        "mean_batch_size": float(steps["num_seqs"].mean()) if len(steps) else 0.0,
-        "num_steps": int(len(steps)),
+        "busy": float((steps["end"] - steps["start"]).sum()) if n else 0.0,
+        "billed": float(steps[["prefill_tokens", "decode_tokens", "padding_tokens"]].to_numpy().sum()),
+        "useful": float(steps[["prefill_tokens", "decode_tokens"]].to_numpy().sum()),
+        "op_time": float(steps[["compute_s", "memory_s"]].to_numpy().sum()),
+        "useful_flops": float(steps["useful_flops"].sum()),
+        "bytes": float(steps["bytes"].sum()),
+        "compute_s": float(steps["compute_s"].sum()),
+        "mean_batch_size": float(steps["num_seqs"].mean()) if n else 0.0,
+        "steps": n,
+        "out_of_range": int(steps["out_of_range"].sum()) if n else 0,
+    }
+
+
+def _utilization(steps, totals: RunTotals) -> dict:
+    wall = max(totals.sim_end, 1e-12) * totals.replicas
+    if isinstance(steps, pd.DataFrame):
+        t = step_sums(steps)
+    else:  # a StepTotals (measure.records: aggregate)
+        t = steps.totals()
+        t = dict(t, billed=float(t["prefill_tokens"] + t["decode_tokens"] + t["padding_tokens"]),
+                 useful=float(t["prefill_tokens"] + t["decode_tokens"]),
+                 mean_batch_size=t["num_seqs"] / t["steps"] if t["steps"] else 0.0)
+    op_time, billed = t["op_time"], t["billed"]
+    return {
+        "busy_fraction": t["busy"] / wall,
+        "mfu": t["useful_flops"] / (totals.peak_flops * wall),
+        "mbu": t["bytes"] / (totals.peak_bandwidth * wall),
+        "compute_bound_fraction": t["compute_s"] / op_time if op_time else 0.0,
+        "token_efficiency": t["useful"] / billed if billed else 1.0,
+        "mean_batch_size": t["mean_batch_size"],
+        "num_steps": int(t["steps"]),
         "peak_kv_usage": totals.kv_peak_blocks / totals.kv_total_blocks,
-        "out_of_range_ops": int(steps["out_of_range"].sum()) if len(steps) else 0,
+        "out_of_range_ops": int(t["out_of_range"]),
     }

@@ -60,9 +60,10 @@ class Columns:
             a[n] = v
         self._n = n + 1
 
-    def extend(self, *columns) -> None:
-        """Append many rows at once, one sequence per field."""
-        k = len(columns[0])
+    def extend(self, *columns, count: int | None = None) -> None:
+        """Append many rows at once, one sequence per field (or, with
+        ``count``, a scalar repeated ``count`` times)."""
+        k = len(columns[0]) if count is None else count
         n = self._n
         if n + k > len(self._arrays[0]):
             size = max(2 * len(self._arrays[0]), n + k)

@@ -29,7 +29,8 @@ from sim.kv import PagedKVCache
 from sim.prefix import PrefixKVCache
 from sim.metrics import RunTotals, summarize
 from sim.protocols import CostModel
-from sim.records import ItlLog, StepLog, request_frame
+from sim.aggregate import ItlAggregate, StepTotals
+from sim.records import STEP_FIELDS, ItlLog, StepLog, request_frame
 from sim.router import make_router
 from sim.state import UNFINISHED
 from sim.types import Workload
@@ -121,14 +122,19 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     :class:`~sim.engine.Replica` subclass that times real steps.
     """
     env = simpy.Environment()
-    steps, itl = StepLog(), ItlLog()
+    aggregate = scenario.measure.records == "aggregate"
+    if aggregate:
+        steps, itl = StepTotals(scenario.replicas), ItlAggregate(scenario.replicas, _measured(parts.workload, scenario))
+    else:
+        steps, itl = StepLog(), ItlLog()
     replicas = []
     for i in range(scenario.replicas):
         policy = policies.create_policy(scenario.policy)
         cfg = policy.config
         kv = _kv_cache(parts, cfg)
         max_len = min(parts.max_model_len, cfg.max_model_len or parts.max_model_len)
-        replicas.append(replica(env, i, policy, parts.cost, kv, max_len, steps, itl))
+        replicas.append(replica(env, i, policy, parts.cost, kv, max_len, steps,
+                                itl.sink(i) if aggregate else itl))
     route = make_router(scenario.router, _seeds(scenario.seed)[1])
     cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
     if scenario.fast_forward:
@@ -138,8 +144,12 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     requests = request_frame(cluster.requests)
     _check_conservation(requests, parts.workload, scenario.horizon_s)
     _check_unfinished_are_held(cluster)
-    step_df, itl_df = steps.frame(), itl.frame()
-    if scenario.replicas > 1:
+    if aggregate:
+        step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
+        itl_df = pd.DataFrame({"rid": np.empty(0, dtype=np.int64), "gap": np.empty(0)})
+    else:
+        step_df, itl_df = steps.frame(), itl.frame()
+    if scenario.replicas > 1 and not aggregate:
         # NOTE: replicas append records as their events finish, and a
         # fast-forwarded run appends its steps at its end: put records in one
         # canonical order (steps by end time then replica; gaps by request,
@@ -148,7 +158,9 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         step_df = step_df.reset_index(drop=True)
         itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
-    last = max([float(step_df["end"].max()) if len(step_df) else 0.0,
+    last_end = (steps.totals()["max_end"] if aggregate else
+                float(step_df["end"].max()) if len(step_df) else 0.0)
+    last = max([last_end if last_end > -math.inf else 0.0,
                 float(parts.workload.arrival[-1]) if len(parts.workload) else 0.0])
     sim_end = env.now if unfinished else last
     kv0 = replicas[0].kv
@@ -158,7 +170,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         kv_peak_blocks=max(r.kv.peak_used for r in replicas),
         warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
     )
-    summary = summarize(requests, step_df, itl_df, totals, policy=replicas[0].policy.name,
+    summary = summarize(requests, steps if aggregate else step_df, itl if aggregate else itl_df, totals, policy=replicas[0].policy.name,
                         slo=scenario.slo.limits())
     if kv0.prefix_caching:
         hits, looks = sum(r.kv.hits for r in replicas), sum(r.kv.lookups for r in replicas)
@@ -169,8 +181,18 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
-    engine = {"steps": len(step_df), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas)}
+    engine = {"steps": len(steps), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas)}
     return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
+
+
+def _measured(workload: Workload, scenario: Scenario) -> np.ndarray:
+    """Per rid: does the request's arrival fall in the measured window (see sim.metrics)?"""
+    arrival = workload.arrival
+    n = len(arrival) if scenario.horizon_s is None else int(np.searchsorted(arrival, scenario.horizon_s, "left"))
+    if not n:
+        return np.zeros(len(arrival), dtype=bool)
+    hi = float(arrival[:n].max()) - scenario.measure.cooldown_s
+    return (arrival >= scenario.measure.warmup_s) & (arrival <= hi)
 
 
 def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:
@@ -213,6 +235,6 @@ def write_outputs(result: RunResult, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     write_json(out / "summary.json", result.summary)
     write_csv(out / "requests.csv", result.requests)
-    if result.scenario.measure.step_records:
+    if result.scenario.measure.step_records and result.scenario.measure.records == "full":
         write_csv(out / "steps.csv", result.steps)
     return out
