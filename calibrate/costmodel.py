@@ -163,8 +163,7 @@ class RooflineCostModel:
         w_bytes = L * (ctx * kv_elt + rows * qo)
         eff = self._eff.get("attention_decode") or self._eff["attention"]
         per_bytes = w_bytes / L
-        curve = eff.memory
-        mem_eff = np.fromiter((curve(x) for x in per_bytes.tolist()), dtype=np.float64, count=count)
+        mem_eff = np.array(eff.memory.many(per_bytes.tolist()), dtype=np.float64)
         tc = w_flops / (self._peak16 * eff.compute(rows))
         tm = w_bytes / (self._bw * mem_eff)
         r = eff._range
@@ -183,6 +182,13 @@ class RooflineCostModel:
         return DecodeRun(seconds=comp_s + mem_s + net + over, flops=(flops + w_flops) * t,
                          bytes=(nbytes + w_bytes) * t, compute_s=comp_s, memory_s=mem_s,
                          network_s=net, overhead_s=over, out_of_range=oor0 + oor)
+
+    def decode_flops(self, rows: int, context: int, count: int, stride: int, sampled: int) -> np.ndarray:
+        """Just the ``flops`` of :meth:`price_decodes` (no efficiency curves: cheap)."""
+        ctx = context + rows + stride * np.arange(count, dtype=np.int64)
+        m, sh = self.model, self.shard
+        w_flops = m.num_hidden_layers * 4.0 * ctx * sh.heads * m.head_dim
+        return (self._dense(rows, sampled)[4] + w_flops) * self.tp
 
     def _roofline(self, w: Work) -> tuple[float, float, int]:
         """(compute time, memory time, out-of-range 0/1) of ``w``, summed over its kernels."""

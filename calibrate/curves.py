@@ -48,6 +48,25 @@ class Curve:
         return math.exp(self._y[i] + (lx - self._lx[i]) * self._slope[i])
 
 
+    def many(self, sizes) -> list[float]:
+        """``[self(x) for x in sizes]``, the same operations inlined (a run of decode steps)."""
+        lo, hi, ylo, yhi = self._lo, self._hi, self._ylo, self._yhi
+        lxs, ys, slopes = self._lx, self._y, self._slope
+        log, exp, bis = math.log, math.exp, bisect_right
+        out = []
+        push = out.append
+        for x in sizes:
+            if x <= lo:
+                push(ylo)
+            elif x >= hi:
+                push(yhi)
+            else:
+                lx = log(x)
+                i = bis(lxs, lx) - 1
+                push(exp(ys[i] + (lx - lxs[i]) * slopes[i]))
+        return out
+
+
 class ClassEfficiency:
     """One operator class: compute and memory curves plus the measured range."""
 

@@ -88,7 +88,11 @@ class StepTotals(_Chunked):
 
     def append(self, *values) -> None:
         self._count += 1
-        self._add(int(values[0]), values, 1)
+        buf = self._bufs[values[0]]
+        buf.append(*values)
+        if len(buf) == self._chunk:
+            self._reduce(values[0], buf)
+            buf._n = 0
 
     def extend(self, *columns, count: int | None = None) -> None:
         k = len(columns[0]) if count is None else count

@@ -54,8 +54,8 @@ class _Run(NamedTuple):
     rows: list
     grow: np.ndarray | None  # cumulative extra KV blocks through each step (None: none)
     ends: np.ndarray
-    more: object  # the cost model's DecodeRun of steps 1..
-    use_flops: np.ndarray  # useful FLOPs of steps 1..
+    costs: object  # the cost model's DecodeRun of steps 0..
+    use_flops: np.ndarray  # useful FLOPs of steps 0..
     start: float
     waiting: int  # queue length through the run (no arrival before its last step)
 
@@ -110,7 +110,7 @@ class Replica:
         model cannot price runs of decodes, and with a prefix cache.
         """
         if (type(self).price is not Replica.price or type(self.kv) is not PagedKVCache
-                or not hasattr(self.cost, "price_decodes")):
+                or not hasattr(self.cost, "price_decodes") or not hasattr(self.cost, "decode_flops")):
             return
         self._next_arrival = next_arrival
         self._horizon = math.inf if horizon is None else horizon
@@ -376,10 +376,15 @@ class Replica:
         # NOTE: price only about as many steps as fit before t_stop (guessed
         # from the first step, doubled until the guess covers it)
         guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / cost.seconds * 1.25) + 2))
+        # NOTE: step 0 is priced again with the run (price_decodes equals price
+        # bit for bit), so the run's records are plain slices
         ctx0, price_decodes = int(shape.kv.sum()), self.cost.price_decodes
         while True:
-            more = price_decodes(n_rows, ctx0 + n_rows, guess - 1, n_rows, n_rows)
-            ends = np.cumsum(np.concatenate(([start + cost.seconds], more.seconds)))
+            costs = price_decodes(n_rows, ctx0, guess, n_rows, n_rows)
+            secs = costs.seconds
+            secs[0] = start + secs[0]  # SimPy's first end: now + delay
+            ends = np.cumsum(secs)
+            secs[0] = cost.seconds
             if guess == k or ends[-1] >= t_stop:
                 break
             guess = min(k, 2 * guess)
@@ -424,16 +429,16 @@ class Replica:
                 kv.peak_used = kv._used
         if useful is not None:
             n_use = useful.num_rows
-            use_flops = price_decodes(n_use, int(useful.kv.sum()) + n_use, k - 1, n_use, useful.sampled).flops
+            use_flops = self.cost.decode_flops(n_use, int(useful.kv.sum()), k, n_use, useful.sampled)
         else:
-            use_flops = more.flops
-        return _Run(k, float(ends[k - 1]), rows, grow, ends[:k], more, use_flops, start, len(self.waiting))
+            use_flops = costs.flops
+        return _Run(k, float(ends[k - 1]), rows, grow, ends[:k], costs, use_flops, start, len(self.waiting))
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
         """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
-        k, rows, ends, more = run.k, run.rows, run.ends, run.more
+        k, rows, ends, c = run.k, run.rows, run.ends, run.costs
         n = len(rows)
-        m = k - 1  # steps applied here; more[j] prices step j + 1
+        m = k - 1  # steps applied here
         # NOTE: KV for the whole run was granted when it started (_decode_run).
         used = self.kv.used_blocks
         if run.grow is not None:
@@ -441,14 +446,8 @@ class Replica:
         decode = int(((shape.q[:n] == 1) & (shape.kv[:n] > 0)).sum())
         self.steps.extend(
             self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], n, shape.num_rows,
-            0, decode, int(shape.q.sum()) - decode,
-            np.concatenate(([cost.flops], more.flops[: m - 1])),
-            np.concatenate(([useful_flops], run.use_flops[: m - 1])),
-            np.concatenate(([cost.bytes], more.bytes[: m - 1])),
-            np.concatenate(([cost.compute_s], more.compute_s[: m - 1])),
-            np.concatenate(([cost.memory_s], more.memory_s[: m - 1])),
-            cost.network_s, cost.overhead_s,
-            np.concatenate(([cost.out_of_range], more.out_of_range[: m - 1])),
+            0, decode, int(shape.q.sum()) - decode, c.flops[:m], run.use_flops[:m], c.bytes[:m],
+            c.compute_s[:m], c.memory_s[:m], c.network_s, c.overhead_s, c.out_of_range[:m],
             used, run.waiting, len(self.running), 0, count=m,
         )
         # inter-token gaps: step 0 from each row's last token, then one gap per step for all
@@ -468,13 +467,13 @@ class Replica:
                 g = top
             if g > s.max_itl:
                 s.max_itl = g
-        busy = self.busy_s + cost.seconds
-        for x in more.seconds[: m - 1].tolist():
+        busy = self.busy_s
+        for x in c.seconds[:m].tolist():
             busy += x
         self.busy_s = busy
         self.fast_forward_steps += m
         last_shape = StepShape(q=shape.q, kv=shape.kv + m, sampled=shape.sampled)
-        return last_shape, more.step(m - 1), float(run.use_flops[m - 1]), t_last
+        return last_shape, c.step(m), float(run.use_flops[m]), t_last
 
     def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
         useful_q = shape.q[: len(plan.num_tokens)]
