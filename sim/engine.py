@@ -371,7 +371,7 @@ class Replica:
         # was made before the arrival); steps ending at the horizon never finish
         t_a, horizon = self._next_arrival(), self._horizon
         t_stop = min(t_a, horizon)
-        if t_stop - start < 2 * cost.seconds:
+        if not cost.seconds > 0 or t_stop - start < 2 * cost.seconds:
             return None
         # NOTE: price only about as many steps as fit before t_stop (guessed
         # from the first step, doubled until the guess covers it)
