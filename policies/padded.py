@@ -105,7 +105,8 @@ class PaddedBatchPolicy(PolicyBase):
             context={s.rid: longest + t for s in live if s.num_computed != longest + t},
             padding=tuple((1, longest + t, True) for s in batch if s.finished),
             hold_finished=True,
-            steady=True,  # the same rows one token further on, until a member finishes
+            # the same rows one token further on until a member finishes, whatever arrives
+            steady=True, steady_through_arrivals=True,
         )
 
     def _launch(self, view: ReplicaView, free: int) -> BatchPlan:

@@ -57,7 +57,7 @@ class _Run(NamedTuple):
     costs: object  # the cost model's DecodeRun of steps 0..
     use_flops: np.ndarray  # useful FLOPs of steps 0..
     start: float
-    waiting: int  # queue length through the run (no arrival before its last step)
+    waiting: int  # queue length when the run started
 
 
 class PolicyError(RuntimeError):
@@ -95,16 +95,21 @@ class Replica:
         self.outstanding = 0  # admitted to this replica and not yet done
         # fast-forward (off until enable_fast_forward says when requests arrive)
         self._next_arrival: Callable[[], float] | None = None
+        self._arrival_times: Callable[[float, float], np.ndarray] | None = None
+        self._run_arrivals: list[float] | None = None  # enqueue times during a run through arrivals
         self._horizon = math.inf
         self.fast_forward_steps = 0  # steps applied in bulk, for the benchmark's report
         self.process = env.process(self._loop())
 
-    def enable_fast_forward(self, next_arrival: Callable[[], float], horizon: float | None) -> None:
+    def enable_fast_forward(self, next_arrival: Callable[[], float], horizon: float | None,
+                            arrival_times: Callable[[float, float], np.ndarray] | None = None) -> None:
         """Let runs of steady decode steps be priced and applied in one event.
 
         ``next_arrival()`` is the time of the next request not yet delivered
         to any replica (inf when none); ``horizon`` is when the simulation
-        stops. Exact: records are bit-identical with and without (see
+        stops; ``arrival_times(lo, hi)`` the arrival times in ``(lo, hi]``
+        (lets runs of plans that ignore arrivals go through them). Exact:
+        records are bit-identical with and without (see
         :meth:`_decode_run`). Stays off when a subclass prices steps itself
         (the reference executor times every step for real), when the cost
         model cannot price runs of decodes, and with a prefix cache.
@@ -113,6 +118,7 @@ class Replica:
                 or not hasattr(self.cost, "price_decodes") or not hasattr(self.cost, "decode_flops")):
             return
         self._next_arrival = next_arrival
+        self._arrival_times = arrival_times
         self._horizon = math.inf if horizon is None else horizon
 
     # -- arrivals -------------------------------------------------------------
@@ -127,6 +133,8 @@ class Replica:
                                      f"{self.kv.total_blocks * self.kv.block_size}")
         self.seqs[seq.rid] = seq
         self.waiting.append(seq)
+        if self._run_arrivals is not None:
+            self._run_arrivals.append(self.env.now)
         self.outstanding += 1
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -369,7 +377,8 @@ class Replica:
             return None
         # the step during which the next request arrives ends the run (its plan
         # was made before the arrival); steps ending at the horizon never finish
-        t_a, horizon = self._next_arrival(), self._horizon
+        through = plan.steady_through_arrivals and self._arrival_times is not None
+        t_a, horizon = (math.inf if through else self._next_arrival()), self._horizon
         t_stop = min(t_a, horizon)
         if not cost.seconds > 0 or t_stop - start < 2 * cost.seconds:
             return None
@@ -393,6 +402,13 @@ class Replica:
         if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
             k = j if (ends[j] == t_a and j >= 1) else j + 1
         k = min(k, int(np.searchsorted(ends, horizon, "left")))
+        if through and k >= 2:
+            # NOTE: an arrival at exactly a step's end is processed before or
+            # after that step's event depending on when each was scheduled;
+            # a run cannot reproduce that, so it stops before such a step
+            ties = np.isin(ends[:k], self._arrival_times(start, float(ends[k - 1])))
+            if ties.any():
+                k = int(np.argmax(ties))
         if k < 2:
             return None
         # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
@@ -406,6 +422,11 @@ class Replica:
         grow_total = 0
         grow = None
         if late.any():
+            if through:
+                # NOTE: a run's KV is granted when it starts; a router looking
+                # at KV during it would see growth not yet due. Padded batches
+                # reserve up front and never get here.
+                return None
             f = first[late]
             counts = (k - 1 - f) // bs + 1
             pos = np.repeat(f, counts) + bs * (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
@@ -432,6 +453,8 @@ class Replica:
             use_flops = self.cost.decode_flops(n_use, int(useful.kv.sum()), k, n_use, useful.sampled)
         else:
             use_flops = costs.flops
+        if through:
+            self._run_arrivals = []
         return _Run(k, float(ends[k - 1]), rows, grow, ends[:k], costs, use_flops, start, len(self.waiting))
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
@@ -444,11 +467,16 @@ class Replica:
         if run.grow is not None:
             used = used - int(run.grow[m]) + run.grow[:m]
         decode = int(((shape.q[:n] == 1) & (shape.kv[:n] > 0)).sum())
+        waiting = run.waiting
+        if self._run_arrivals is not None:  # requests queued during a run through arrivals
+            if self._run_arrivals:
+                waiting = waiting + np.searchsorted(np.array(self._run_arrivals), ends[:m], "right")
+            self._run_arrivals = None
         self.steps.extend(
             self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], n, shape.num_rows,
             0, decode, int(shape.q.sum()) - decode, c.flops[:m], run.use_flops[:m], c.bytes[:m],
             c.compute_s[:m], c.memory_s[:m], c.network_s, c.overhead_s, c.out_of_range[:m],
-            used, run.waiting, len(self.running), 0, count=m,
+            used, waiting, len(self.running), 0, count=m,
         )
         # inter-token gaps: step 0 from each row's last token, then one gap per step for all
         last = np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
@@ -499,6 +527,11 @@ class Cluster:
         self.requests: list[Seq] = []
         self.next_arrival = float(workload.arrival[0]) if len(workload) else math.inf
         env.process(self._arrivals())
+
+    def arrival_times(self, lo: float, hi: float) -> np.ndarray:
+        """Arrival times in ``(lo, hi]`` (for runs that go through arrivals)."""
+        a = self.workload.arrival
+        return a[np.searchsorted(a, lo, "right"):np.searchsorted(a, hi, "right")]
 
     def _arrivals(self):
         env, w = self.env, self.workload

@@ -139,7 +139,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
     if scenario.fast_forward:
         for r in replicas:
-            r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s)
+            r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s, cluster.arrival_times)
     env.run(until=scenario.horizon_s)
     requests = request_frame(cluster.requests)
     _check_conservation(requests, parts.workload, scenario.horizon_s)

@@ -94,6 +94,10 @@ class BatchPlan:
       would plan exactly these decodes again each step. The engine may then
       fast-forward: price and apply many such steps at once (exact; see
       docs/performance.md). Leave it False unless that holds.
+    - ``steady_through_arrivals``: with ``steady``, the stronger promise that
+      arrivals do not change these decodes either (a padded batch decodes to
+      its end whatever joins the queue), so a run is not cut when a request
+      arrives.
     """
 
     num_tokens: Mapping[int, int] = field(default_factory=dict)
@@ -107,6 +111,7 @@ class BatchPlan:
     reject: Mapping[int, str] = field(default_factory=dict)
     idle_until: float | None = None
     steady: bool = False
+    steady_through_arrivals: bool = False
 
     @property
     def total_tokens(self) -> int:

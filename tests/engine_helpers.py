@@ -48,7 +48,7 @@ def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_bl
     cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl)
     if fast_forward:
         for r in reps:
-            r.enable_fast_forward(lambda: cluster.next_arrival, horizon)
+            r.enable_fast_forward(lambda: cluster.next_arrival, horizon, cluster.arrival_times)
     env.run(until=horizon)
     return request_frame(cluster.requests), steps.frame(), itl.frame(), cluster
 

@@ -113,9 +113,10 @@ def test_fast_forward_on_and_off_write_identical_outputs(policy, extra, tmp_path
         assert r_on.summary["preemptions"] > 0  # KV pressure was real
 
 
-def test_fast_forward_handles_arrivals_tied_with_step_ends(tmp_path):
+@pytest.mark.parametrize("policy,replicas", [("continuous", 1), ("static", 1), ("dynamic", 2)])
+def test_fast_forward_handles_arrivals_tied_with_step_ends(policy, replicas, tmp_path):
     """Arrivals placed exactly on step boundaries of the step-by-step run."""
-    raw = _scenario(POLICIES["continuous"])
+    raw = _scenario(POLICIES[policy], replicas=replicas, router="least_kv")
     sc = scenario_from_dict(dict(raw, fast_forward=False))
     parts = build_parts(sc)
     ref = simulate(sc, parts)
@@ -133,7 +134,7 @@ def test_fast_forward_handles_arrivals_tied_with_step_ends(tmp_path):
     for ff in (False, True):
         sc = scenario_from_dict(dict(raw, fast_forward=ff))
         r = simulate(sc, parts)
-        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.to_csv()))
+        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.to_csv(), r.summary))
         if not ff:
             ties = np.isin(arrival, r.steps["end"].to_numpy()).sum()
             assert ties >= 1  # the case under test happened
