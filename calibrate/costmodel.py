@@ -55,6 +55,8 @@ class DecodeRun(NamedTuple):
                         bytes=float(self.bytes[j]), compute_s=float(self.compute_s[j]),
                         memory_s=float(self.memory_s[j]), network_s=self.network_s,
                         overhead_s=self.overhead_s, out_of_range=int(self.out_of_range[j]))
+
+
 _CACHE_LIMIT = 1 << 16
 
 
@@ -154,24 +156,18 @@ class RooflineCostModel:
         """
         if rows < 1 or count < 1:
             raise ValueError(f"price_decodes needs rows >= 1 and count >= 1, got {rows}, {count}")
-        ctx = context + rows + stride * np.arange(count, dtype=np.int64)  # sum of (kv + 1) over rows
+        ctx, w_flops = self._decode_attention_flops(rows, context, count, stride)
         m, sh = self.model, self.shard
         L = m.num_hidden_layers
         kv_elt = 2 * sh.kv_heads * m.head_dim * sh.b_kv
         qo = sh.heads * m.head_dim * B_ACT * 2
-        w_flops = L * 4.0 * ctx * sh.heads * m.head_dim
         w_bytes = L * (ctx * kv_elt + rows * qo)
         eff = self._eff.get("attention_decode") or self._eff["attention"]
         per_bytes = w_bytes / L
         mem_eff = np.array(eff.memory.many(per_bytes.tolist()), dtype=np.float64)
         tc = w_flops / (self._peak16 * eff.compute(rows))
         tm = w_bytes / (self._bw * mem_eff)
-        r = eff._range
-        if r is None:
-            oor = np.zeros(count, dtype=np.int64)
-        else:
-            inside = (r[0] <= rows <= r[1]) & (r[2] <= per_bytes) & (per_bytes <= r[3])
-            oor = (~inside).astype(np.int64)
+        oor = eff.out_of_range_many(rows, per_bytes)
         comp, mem, net, over, flops, nbytes, oor0 = self._dense(rows, sampled)
         cbound = tc >= tm
         comp_s = np.where(cbound, comp + tc, comp)
@@ -185,10 +181,15 @@ class RooflineCostModel:
 
     def decode_flops(self, rows: int, context: int, count: int, stride: int, sampled: int) -> np.ndarray:
         """Just the ``flops`` of :meth:`price_decodes` (no efficiency curves: cheap)."""
+        _, w_flops = self._decode_attention_flops(rows, context, count, stride)
+        return (self._dense(rows, sampled)[4] + w_flops) * self.tp
+
+    def _decode_attention_flops(self, rows: int, context: int, count: int, stride: int):
+        """Per step of a decode run: the sum of (kv + 1) over rows, and decode
+        attention's FLOPs with :meth:`ShardShape.attention`'s operation order."""
         ctx = context + rows + stride * np.arange(count, dtype=np.int64)
         m, sh = self.model, self.shard
-        w_flops = m.num_hidden_layers * 4.0 * ctx * sh.heads * m.head_dim
-        return (self._dense(rows, sampled)[4] + w_flops) * self.tp
+        return ctx, m.num_hidden_layers * 4.0 * ctx * sh.heads * m.head_dim
 
     def _roofline(self, w: Work) -> tuple[float, float, int]:
         """(compute time, memory time, out-of-range 0/1) of ``w``, summed over its kernels."""

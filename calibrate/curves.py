@@ -19,6 +19,8 @@ import math
 from bisect import bisect_right
 from typing import Sequence
 
+import numpy as np
+
 from calibrate.hardware import Efficiency
 
 __all__ = ["Curve", "ClassEfficiency"]
@@ -46,7 +48,6 @@ class Curve:
         lx = math.log(size)
         i = bisect_right(self._lx, lx) - 1
         return math.exp(self._y[i] + (lx - self._lx[i]) * self._slope[i])
-
 
     def many(self, sizes) -> list[float]:
         """``[self(x) for x in sizes]``, the same operations inlined (a run of decode steps)."""
@@ -89,3 +90,11 @@ class ClassEfficiency:
         if r is None:
             return False
         return not (r[0] <= tokens <= r[1] and r[2] <= nbytes <= r[3])
+
+    def out_of_range_many(self, tokens: float, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`out_of_range` (as 0/1) for one token count over an array of byte sizes."""
+        r = self._range
+        if r is None:
+            return np.zeros(len(nbytes), dtype=np.int64)
+        inside = (r[0] <= tokens <= r[1]) & (r[2] <= nbytes) & (nbytes <= r[3])
+        return (~inside).astype(np.int64)

@@ -124,7 +124,11 @@ class StepTotals(_Chunked):
                 out[k] += v
             for k, v in i.items():
                 out[k] += v
+        # the keys of sim.metrics.step_sums, which utilization reads
         out["op_time"] = out["compute_s"] + out["memory_s"]
+        out["billed"] = float(out["prefill_tokens"] + out["decode_tokens"] + out["padding_tokens"])
+        out["useful"] = float(out["prefill_tokens"] + out["decode_tokens"])
+        out["mean_batch_size"] = out["num_seqs"] / out["steps"] if out["steps"] else 0.0
         out["max_end"] = self.max_end
         return out
 

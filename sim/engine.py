@@ -50,10 +50,9 @@ class _Run(NamedTuple):
     """A planned run of k steady decode steps (see :meth:`Replica._decode_run`)."""
 
     k: int
-    end: float  # when step k-1 ends
     rows: list
     grow: np.ndarray | None  # cumulative extra KV blocks through each step (None: none)
-    ends: np.ndarray
+    ends: np.ndarray  # when each step ends; the run's event fires at ends[-1]
     costs: object  # the cost model's DecodeRun of steps 0..
     use_flops: np.ndarray  # useful FLOPs of steps 0..
     start: float
@@ -166,16 +165,14 @@ class Replica:
             cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             start = env.now
-            if plan.steady and self._next_arrival is not None:
-                run = self._decode_run(plan, shape, useful, cost, start)
-                if run is not None:
-                    yield _timeout_at(env, run.end)
-                    shape, cost, useful_flops, start = self._apply_run(run, plan, shape, cost, useful_flops)
-                    preempted = 0
-            else:
-                run = None
+            run = (self._decode_run(plan, shape, useful, cost, start)
+                   if plan.steady and self._next_arrival is not None else None)
             if run is None:
                 yield env.timeout(cost.seconds)
+            else:
+                yield _timeout_at(env, float(run.ends[-1]))
+                shape, cost, useful_flops, start = self._apply_run(run, plan, shape, cost, useful_flops)
+                preempted = 0
             self.busy_s += cost.seconds
             self._advance(plan)
             self._record(plan, shape, cost, useful_flops, start, preempted)
@@ -414,12 +411,10 @@ class Replica:
         # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
         kv, bs = self.kv, self.kv.block_size
         n = len(rows)
-        kvh = kv._held
         c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=n)
-        held = np.fromiter((kvh.get(s.rid, 0) for s in rows), dtype=np.int64, count=n)
+        held = np.fromiter((kv.held(s.rid) for s in rows), dtype=np.int64, count=n)
         first = held * bs - c  # first step at which a row outgrows what it holds (>= 1)
         late = first < k
-        grow_total = 0
         grow = None
         if late.any():
             if through:
@@ -437,17 +432,13 @@ class Replica:
                 if k < 2:
                     return None
             grow = grow[:k]
-            grow_total = int(grow[k - 1])
-        if grow_total:
-            # grant the whole run's KV now: without fast-forward, a request
-            # arriving during the last step would see it all granted too
-            want = -(-(c + k) // bs)
-            for s, h, w in zip(rows, held.tolist(), want.tolist()):
-                if w > h:
-                    kvh[s.rid] = w
-            kv._used += grow_total
-            if kv._used > kv.peak_used:
-                kv.peak_used = kv._used
+        if grow is not None and grow[k - 1]:
+            # grant the whole run's KV now (step k-1 holds c + k tokens): without
+            # fast-forward, a request arriving during the last step would see it
+            # all granted too
+            for s, h, total in zip(rows, held.tolist(), (c + k).tolist()):
+                if total > h * bs:
+                    kv.grow(s.rid, total)
         if useful is not None:
             n_use = useful.num_rows
             use_flops = self.cost.decode_flops(n_use, int(useful.kv.sum()), k, n_use, useful.sampled)
@@ -455,7 +446,7 @@ class Replica:
             use_flops = costs.flops
         if through:
             self._run_arrivals = []
-        return _Run(k, float(ends[k - 1]), rows, grow, ends[:k], costs, use_flops, start, len(self.waiting))
+        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting))
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
         """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
@@ -466,15 +457,16 @@ class Replica:
         used = self.kv.used_blocks
         if run.grow is not None:
             used = used - int(run.grow[m]) + run.grow[:m]
-        decode = int(((shape.q[:n] == 1) & (shape.kv[:n] > 0)).sum())
         waiting = run.waiting
         if self._run_arrivals is not None:  # requests queued during a run through arrivals
             if self._run_arrivals:
                 waiting = waiting + np.searchsorted(np.array(self._run_arrivals), ends[:m], "right")
             self._run_arrivals = None
         self.steps.extend(
+            # every row is a one-token decode (_decode_run checked): n decode
+            # tokens, and each padding row bills one token
             self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], n, shape.num_rows,
-            0, decode, int(shape.q.sum()) - decode, c.flops[:m], run.use_flops[:m], c.bytes[:m],
+            0, n, shape.num_rows - n, c.flops[:m], run.use_flops[:m], c.bytes[:m],
             c.compute_s[:m], c.memory_s[:m], c.network_s, c.overhead_s, c.out_of_range[:m],
             used, waiting, len(self.running), 0, count=m,
         )

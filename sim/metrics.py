@@ -45,12 +45,18 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
     return out
 
 
+def in_window(arrival: np.ndarray, warmup_s: float, cooldown_s: float) -> np.ndarray:
+    """Which arrivals are measured: in ``[warmup_s, last arrival - cooldown_s]``."""
+    if not len(arrival):
+        return np.zeros(0, dtype=bool)
+    hi = arrival.max() - cooldown_s
+    return (arrival >= warmup_s) & (arrival <= hi)
+
+
 def _window(requests: pd.DataFrame, totals: RunTotals) -> pd.DataFrame:
     if requests.empty:
         return requests
-    hi = requests["arrival"].max() - totals.cooldown_s
-    m = (requests["arrival"] >= totals.warmup_s) & (requests["arrival"] <= hi)
-    return requests[m]
+    return requests[in_window(requests["arrival"].to_numpy(), totals.warmup_s, totals.cooldown_s)]
 
 
 def _slo_ok(done: pd.DataFrame, slo: dict[str, float] | None) -> np.ndarray:
@@ -125,13 +131,8 @@ def step_sums(steps: pd.DataFrame) -> dict:
 
 def _utilization(steps, totals: RunTotals) -> dict:
     wall = max(totals.sim_end, 1e-12) * totals.replicas
-    if isinstance(steps, pd.DataFrame):
-        t = step_sums(steps)
-    else:  # a StepTotals (measure.records: aggregate)
-        t = steps.totals()
-        t = dict(t, billed=float(t["prefill_tokens"] + t["decode_tokens"] + t["padding_tokens"]),
-                 useful=float(t["prefill_tokens"] + t["decode_tokens"]),
-                 mean_batch_size=t["num_seqs"] / t["steps"] if t["steps"] else 0.0)
+    # a StepTotals (measure.records: aggregate) keeps the same sums without the records
+    t = step_sums(steps) if isinstance(steps, pd.DataFrame) else steps.totals()
     op_time, billed = t["op_time"], t["billed"]
     return {
         "busy_fraction": t["busy"] / wall,

@@ -27,7 +27,7 @@ from sim.io import write_csv, write_json
 from sim.errors import InputError
 from sim.kv import PagedKVCache
 from sim.prefix import PrefixKVCache
-from sim.metrics import RunTotals, summarize
+from sim.metrics import RunTotals, in_window, summarize
 from sim.protocols import CostModel
 from sim.aggregate import ItlAggregate, StepTotals
 from sim.records import STEP_FIELDS, ItlLog, StepLog, request_frame
@@ -185,19 +185,22 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
 
 
+def _arrived(workload: Workload, horizon: float | None) -> int:
+    """How many requests arrive before the horizon (SimPy never runs events at it)."""
+    return len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
+
+
 def _measured(workload: Workload, scenario: Scenario) -> np.ndarray:
-    """Per rid: does the request's arrival fall in the measured window (see sim.metrics)?"""
-    arrival = workload.arrival
-    n = len(arrival) if scenario.horizon_s is None else int(np.searchsorted(arrival, scenario.horizon_s, "left"))
-    if not n:
-        return np.zeros(len(arrival), dtype=bool)
-    hi = float(arrival[:n].max()) - scenario.measure.cooldown_s
-    return (arrival >= scenario.measure.warmup_s) & (arrival <= hi)
+    """Per rid: does the request arrive, within the measured window (sim.metrics.in_window)?"""
+    n = _arrived(workload, scenario.horizon_s)
+    mask = np.zeros(len(workload), dtype=bool)
+    mask[:n] = in_window(workload.arrival[:n], scenario.measure.warmup_s, scenario.measure.cooldown_s)
+    return mask
 
 
 def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:
     """Every request that arrived is completed, rejected or unfinished: never lost."""
-    arrived = len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
+    arrived = _arrived(workload, horizon)
     counts = requests["status"].value_counts()
     accounted = sum(int(counts.get(k, 0)) for k in ("completed", "rejected", "unfinished"))
     if len(requests) != arrived or accounted != arrived:
