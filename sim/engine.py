@@ -57,6 +57,7 @@ class _Run(NamedTuple):
     use_flops: np.ndarray  # useful FLOPs of steps 0..
     start: float
     waiting: int  # queue length when the run started
+    truncatable: bool  # an arrival routed here cuts the run (KV granted at its end)
 
 
 class PolicyError(RuntimeError):
@@ -97,6 +98,12 @@ class Replica:
         self._arrival_times: Callable[[float, float], np.ndarray] | None = None
         self._run_arrivals: list[float] | None = None  # enqueue times during a run through arrivals
         self._horizon = math.inf
+        # set by Cluster: how many replicas share the arrivals, and whether its
+        # router reads replicas' KV (then runs cannot span other replicas' arrivals)
+        self._share = 1
+        self._kv_observed = True
+        self._run: _Run | None = None  # the run in flight (see _truncate)
+        self._run_event: simpy.Event | None = None
         self.fast_forward_steps = 0  # steps applied in bulk, for the benchmark's report
         self.process = env.process(self._loop())
 
@@ -134,6 +141,8 @@ class Replica:
         self.waiting.append(seq)
         if self._run_arrivals is not None:
             self._run_arrivals.append(self.env.now)
+        elif self._run is not None and self._run.truncatable:
+            self._truncate()
         self.outstanding += 1
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -170,8 +179,12 @@ class Replica:
             if run is None:
                 yield env.timeout(cost.seconds)
             else:
-                yield _timeout_at(env, float(run.ends[-1]))
-                shape, cost, useful_flops, start = self._apply_run(run, plan, shape, cost, useful_flops)
+                self._run = run
+                self._run_event = _timeout_at(env, float(run.ends[-1]))
+                yield self._run_event
+                run, self._run, self._run_event = self._run, None, None
+                if run.k > 1:  # (cut to its first step: that step is the one priced above)
+                    shape, cost, useful_flops, start = self._apply_run(run, plan, shape, cost, useful_flops)
                 preempted = 0
             self.busy_s += cost.seconds
             self._advance(plan)
@@ -375,13 +388,21 @@ class Replica:
         # the step during which the next request arrives ends the run (its plan
         # was made before the arrival); steps ending at the horizon never finish
         through = plan.steady_through_arrivals and self._arrival_times is not None
-        t_a, horizon = (math.inf if through else self._next_arrival()), self._horizon
+        # NOTE: with several replicas (and a router blind to KV) a run goes on
+        # through arrivals routed elsewhere; one routed here cuts it (_truncate)
+        trunc = not through and self._share > 1 and not self._kv_observed and self._arrival_times is not None
+        horizon = self._horizon
+        t_a = math.inf if through or trunc else self._next_arrival()
         t_stop = min(t_a, horizon)
         if not cost.seconds > 0 or t_stop - start < 2 * cost.seconds:
             return None
-        # NOTE: price only about as many steps as fit before t_stop (guessed
+        t_price = t_stop
+        if trunc:  # price through about as many arrivals as there are replicas
+            ahead = self._arrival_times(start, math.inf)
+            t_price = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
+        # NOTE: price only about as many steps as fit before t_price (guessed
         # from the first step, doubled until the guess covers it)
-        guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / cost.seconds * 1.25) + 2))
+        guess = k if t_price == math.inf else min(k, max(8, int((t_price - start) / cost.seconds * 1.25) + 2))
         # NOTE: step 0 is priced again with the run (price_decodes equals price
         # bit for bit), so the run's records are plain slices
         ctx0, price_decodes = int(shape.kv.sum()), self.cost.price_decodes
@@ -391,7 +412,7 @@ class Replica:
             secs[0] = start + secs[0]  # SimPy's first end: now + delay
             ends = np.cumsum(secs)
             secs[0] = cost.seconds
-            if guess == k or ends[-1] >= t_stop:
+            if guess == k or ends[-1] >= t_price:
                 break
             guess = min(k, 2 * guess)
         k = guess
@@ -399,7 +420,7 @@ class Replica:
         if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
             k = j if (ends[j] == t_a and j >= 1) else j + 1
         k = min(k, int(np.searchsorted(ends, horizon, "left")))
-        if through and k >= 2:
+        if (through or trunc) and k >= 2:
             # NOTE: an arrival at exactly a step's end is processed before or
             # after that step's event depending on when each was scheduled;
             # a run cannot reproduce that, so it stops before such a step
@@ -432,7 +453,7 @@ class Replica:
                 if k < 2:
                     return None
             grow = grow[:k]
-        if grow is not None and grow[k - 1]:
+        if grow is not None and grow[k - 1] and not trunc:
             # grant the whole run's KV now (step k-1 holds c + k tokens): without
             # fast-forward, a request arriving during the last step would see it
             # all granted too
@@ -446,14 +467,45 @@ class Replica:
             use_flops = costs.flops
         if through:
             self._run_arrivals = []
-        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting))
+        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting), trunc)
+
+    def _truncate(self) -> None:
+        """A request was routed here during a run: end the run with the step in flight.
+
+        Step by step, the plan after that step would be the first to see the
+        request. The run planned no step ending exactly at an arrival, so the
+        step in flight is the first ending after now. The process stops
+        waiting for the run's event (left to fire unheard) and waits for the
+        new end instead (simpy 4 internals, as _timeout_at).
+        """
+        run, env = self._run, self.env
+        j = int(np.searchsorted(run.ends, env.now, "right"))
+        if j + 1 >= run.k:
+            return
+        ev = _timeout_at(env, float(run.ends[j]))
+        resume = self.process._resume
+        self._run_event.callbacks.remove(resume)
+        ev.callbacks.append(resume)
+        self.process._target = ev
+        self._run_event = ev
+        self._run = run._replace(k=j + 1, ends=run.ends[: j + 1],
+                                 grow=None if run.grow is None else run.grow[: j + 1])
+
+    def _grant(self, run: "_Run") -> None:
+        """Grant a truncatable run's KV through its last step (rows not yet advanced)."""
+        kv, k = self.kv, run.k
+        for s in run.rows:
+            kv.grow(s.rid, s.num_computed + k)
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
         """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
         k, rows, ends, c = run.k, run.rows, run.ends, run.costs
         n = len(rows)
         m = k - 1  # steps applied here
-        # NOTE: KV for the whole run was granted when it started (_decode_run).
+        # NOTE: KV for the whole run was granted when it started (_decode_run),
+        # or is now for a run that arrivals could cut.
+        if run.truncatable and run.grow is not None:
+            self._grant(run)
         used = self.kv.used_blocks
         if run.grow is not None:
             used = used - int(run.grow[m]) + run.grow[:m]
@@ -518,6 +570,9 @@ class Cluster:
         self.workload, self.max_queue_len = workload, max_queue_len
         self.requests: list[Seq] = []
         self.next_arrival = float(workload.arrival[0]) if len(workload) else math.inf
+        for r in self.replicas:
+            r._share = len(self.replicas)
+            r._kv_observed = getattr(route, "reads_kv", True)
         env.process(self._arrivals())
 
     def arrival_times(self, lo: float, hi: float) -> np.ndarray:

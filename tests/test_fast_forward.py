@@ -93,6 +93,9 @@ CASES = [(p, {}) for p in POLICIES] + [
     ("continuous", {"replicas": 3, "router": "least_kv"}),
     ("chunked_prefill", {"replicas": 2, "router": "power_of_two"}),
     ("static", {"replicas": 2, "router": "least_outstanding"}),
+    # runs go on through arrivals routed to other replicas and are cut by their own
+    ("continuous", {"replicas": 3, "router": "least_outstanding"}),
+    ("continuous_mixed", {"replicas": 2, "router": "round_robin"}),
     ("continuous", {"horizon_s": 14.0}),
     ("dynamic", {"horizon_s": 9.0, "max_queue_len": 5}),
 ]
@@ -113,10 +116,12 @@ def test_fast_forward_on_and_off_write_identical_outputs(policy, extra, tmp_path
         assert r_on.summary["preemptions"] > 0  # KV pressure was real
 
 
-@pytest.mark.parametrize("policy,replicas", [("continuous", 1), ("static", 1), ("dynamic", 2)])
-def test_fast_forward_handles_arrivals_tied_with_step_ends(policy, replicas, tmp_path):
+@pytest.mark.parametrize("policy,replicas,router", [
+    ("continuous", 1, "least_kv"), ("static", 1, "least_kv"), ("dynamic", 2, "least_kv"),
+    ("continuous", 2, "round_robin"), ("chunked_prefill", 3, "least_outstanding")])
+def test_fast_forward_handles_arrivals_tied_with_step_ends(policy, replicas, router, tmp_path):
     """Arrivals placed exactly on step boundaries of the step-by-step run."""
-    raw = _scenario(POLICIES[policy], replicas=replicas, router="least_kv")
+    raw = _scenario(POLICIES[policy], replicas=replicas, router=router)
     sc = scenario_from_dict(dict(raw, fast_forward=False))
     parts = build_parts(sc)
     ref = simulate(sc, parts)
