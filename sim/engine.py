@@ -104,6 +104,7 @@ class Replica:
         self._kv_observed = True
         self._run: _Run | None = None  # the run in flight (see _truncate)
         self._run_event: simpy.Event | None = None
+        self._step_s: float | None = None  # the last run's step time (guesses a run's length)
         self.fast_forward_steps = 0  # steps applied in bulk, for the benchmark's report
         self.process = env.process(self._loop())
 
@@ -171,20 +172,21 @@ class Replica:
                 continue
             admin_only = 0
             shape, useful = self._grow_and_shape(plan)
-            cost = self.price(plan, shape)
-            useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             start = env.now
-            run = (self._decode_run(plan, shape, useful, cost, start)
-                   if plan.steady and self._next_arrival is not None else None)
+            run = cost = None
+            if plan.steady and self._next_arrival is not None:
+                run, cost = self._decode_run(plan, shape, useful, start)
             if run is None:
+                if cost is None:
+                    cost = self.price(plan, shape)
+                useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
                 yield env.timeout(cost.seconds)
             else:
                 self._run = run
                 self._run_event = _timeout_at(env, float(run.ends[-1]))
                 yield self._run_event
                 run, self._run, self._run_event = self._run, None, None
-                if run.k > 1:  # (cut to its first step: that step is the one priced above)
-                    shape, cost, useful_flops, start = self._apply_run(run, plan, shape, cost, useful_flops)
+                shape, cost, useful_flops, start = self._apply_run(run, plan, shape)
                 preempted = 0
             self.busy_s += cost.seconds
             self._advance(plan)
@@ -368,11 +370,16 @@ class Replica:
     _MAX_RUN = 4096
 
     def _decode_run(self, plan: BatchPlan, shape: StepShape, useful: StepShape | None,
-                    cost, start: float) -> "_Run | None":
-        """Plan a run of steady decode steps starting with the one just priced (or None)."""
+                    start: float):
+        """Plan a run of steady decode steps starting with this plan's step.
+
+        Returns ``(run, cost)``: the run or None (step by step), and the
+        plan's own step's cost when the run's pricing produced it (None:
+        price it with :meth:`price`).
+        """
         n_rows = shape.num_rows
         if shape.sampled != n_rows or int(shape.q.sum()) != n_rows or int(shape.kv.min()) < 1:
-            return None
+            return None, None
         seqs = self.seqs
         rows = [seqs[rid] for rid in plan.num_tokens]
         k = self._MAX_RUN
@@ -384,7 +391,7 @@ class Replica:
             if left < k:
                 k = left
         if k < 2:
-            return None
+            return None, None
         # the step during which the next request arrives ends the run (its plan
         # was made before the arrival); steps ending at the horizon never finish
         through = plan.steady_through_arrivals and self._arrival_times is not None
@@ -394,66 +401,90 @@ class Replica:
         horizon = self._horizon
         t_a = math.inf if through or trunc else self._next_arrival()
         t_stop = min(t_a, horizon)
-        if not cost.seconds > 0 or t_stop - start < 2 * cost.seconds:
-            return None
+        # NOTE: the last decode step's duration guesses how many steps fit;
+        # a wrong guess costs time, never exactness (the run is cut below)
+        est = self._step_s
+        if est is None:
+            cost = self.price(plan, shape)
+            est = self._step_s = cost.seconds
+        if not est > 0 or t_stop - start < 2 * est:
+            return None, None
         t_price = t_stop
         if trunc:  # price through about as many arrivals as there are replicas
             ahead = self._arrival_times(start, math.inf)
             t_price = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
-        # NOTE: price only about as many steps as fit before t_price (guessed
-        # from the first step, doubled until the guess covers it)
-        guess = k if t_price == math.inf else min(k, max(8, int((t_price - start) / cost.seconds * 1.25) + 2))
-        # NOTE: step 0 is priced again with the run (price_decodes equals price
-        # bit for bit), so the run's records are plain slices
+        # NOTE: price only about as many steps as fit before t_price (doubled
+        # until the guess covers it); step 0 is this plan's step (price_decodes
+        # equals price bit for bit), so the run's records are plain slices
+        guess = k if t_price == math.inf else min(k, max(8, int((t_price - start) / est * 1.25) + 2))
         ctx0, price_decodes = int(shape.kv.sum()), self.cost.price_decodes
         while True:
             costs = price_decodes(n_rows, ctx0, guess, n_rows, n_rows)
             secs = costs.seconds
-            secs[0] = start + secs[0]  # SimPy's first end: now + delay
+            s0 = secs[0]
+            secs[0] = start + s0  # SimPy's first end: now + delay
             ends = np.cumsum(secs)
-            secs[0] = cost.seconds
+            secs[0] = s0
             if guess == k or ends[-1] >= t_price:
                 break
             guess = min(k, 2 * guess)
+        self._step_s = float(s0)
+        if not s0 > 0:
+            return None, costs.step(0)
         k = guess
-        j = int(np.searchsorted(ends, t_a, "left"))
-        if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
-            k = j if (ends[j] == t_a and j >= 1) else j + 1
-        k = min(k, int(np.searchsorted(ends, horizon, "left")))
+        if t_a < math.inf:
+            j = int(np.searchsorted(ends, t_a, "left"))
+            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
+                k = j if (ends[j] == t_a and j >= 1) else j + 1
+        if horizon < math.inf:
+            k = min(k, int(np.searchsorted(ends, horizon, "left")))
         if (through or trunc) and k >= 2:
             # NOTE: an arrival at exactly a step's end is processed before or
             # after that step's event depending on when each was scheduled;
             # a run cannot reproduce that, so it stops before such a step
-            ties = np.isin(ends[:k], self._arrival_times(start, float(ends[k - 1])))
-            if ties.any():
-                k = int(np.argmax(ties))
+            arr = self._arrival_times(start, float(ends[k - 1]))
+            if len(arr):
+                at = np.searchsorted(ends[:k], arr, "left")
+                hit = at[ends[np.minimum(at, k - 1)] == arr]
+                if len(hit):
+                    k = min(k, int(hit.min()))
         if k < 2:
-            return None
+            return None, costs.step(0)
         # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
         kv, bs = self.kv, self.kv.block_size
         n = len(rows)
+        held_of = kv._held
         c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=n)
-        held = np.fromiter((kv.held(s.rid) for s in rows), dtype=np.int64, count=n)
+        held = np.fromiter((held_of[s.rid] for s in rows), dtype=np.int64, count=n)
         first = held * bs - c  # first step at which a row outgrows what it holds (>= 1)
-        late = first < k
         grow = None
-        if late.any():
+        if int(first.min()) < k:
             if through:
                 # NOTE: a run's KV is granted when it starts; a router looking
                 # at KV during it would see growth not yet due. Padded batches
                 # reserve up front and never get here.
-                return None
-            f = first[late]
-            counts = (k - 1 - f) // bs + 1
-            pos = np.repeat(f, counts) + bs * (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
-            grow = np.cumsum(np.bincount(pos, minlength=k)[:k])
+                return None, costs.step(0)
+            if int(first.max()) <= bs:
+                # every row crosses a block boundary at first, first + bs, ...:
+                # step j >= 1 grows the rows whose first is (j - 1) % bs + 1
+                per = np.bincount(first, minlength=bs + 1)[1:]
+                grow = np.cumsum(np.concatenate(([0], np.resize(per, k - 1))))
+            else:
+                late = first < k
+                f = first[late]
+                counts = (k - 1 - f) // bs + 1
+                pos = np.repeat(f, counts) + bs * (np.arange(int(counts.sum()))
+                                                   - np.repeat(np.cumsum(counts) - counts, counts))
+                grow = np.cumsum(np.bincount(pos, minlength=k)[:k])
             fits = int(np.searchsorted(grow, kv.free_blocks, "right"))  # steps 0..fits-1 fit
             if fits < k:
                 k = fits
                 if k < 2:
-                    return None
+                    return None, costs.step(0)
             grow = grow[:k]
-        if grow is not None and grow[k - 1] and not trunc:
+            if not grow[k - 1]:
+                grow = None
+        if grow is not None and not trunc:
             # grant the whole run's KV now (step k-1 holds c + k tokens): without
             # fast-forward, a request arriving during the last step would see it
             # all granted too
@@ -467,7 +498,7 @@ class Replica:
             use_flops = costs.flops
         if through:
             self._run_arrivals = []
-        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting), trunc)
+        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting), trunc), None
 
     def _truncate(self) -> None:
         """A request was routed here during a run: end the run with the step in flight.
@@ -497,11 +528,13 @@ class Replica:
         for s in run.rows:
             kv.grow(s.rid, s.num_computed + k)
 
-    def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape, cost, useful_flops):
+    def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape):
         """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
         k, rows, ends, c = run.k, run.rows, run.ends, run.costs
-        n = len(rows)
         m = k - 1  # steps applied here
+        if not m:  # cut to its first step (_truncate): nothing to apply in bulk
+            return shape, c.step(0), float(run.use_flops[0]), run.start
+        n = len(rows)
         # NOTE: KV for the whole run was granted when it started (_decode_run),
         # or is now for a run that arrivals could cut.
         if run.truncatable and run.grow is not None:
