@@ -378,19 +378,8 @@ class Replica:
         price it with :meth:`price`).
         """
         n_rows = shape.num_rows
-        if shape.sampled != n_rows or int(shape.q.sum()) != n_rows or int(shape.kv.min()) < 1:
-            return None, None
-        seqs = self.seqs
-        rows = [seqs[rid] for rid in plan.num_tokens]
-        k = self._MAX_RUN
-        for s in rows:
-            if s.num_tokens - s.num_computed != 1 or s.last_token is None:
-                raise PolicyError(f"{self.policy.name}: a steady plan schedules rid {s.rid}, "
-                                  "which is not decoding")
-            left = s.output_tokens - s.num_generated  # the run ends with the first completion
-            if left < k:
-                k = left
-        if k < 2:
+        if (plan.padding or plan.context) and (shape.sampled != n_rows or int(shape.q.sum()) != n_rows
+                                               or int(shape.kv.min()) < 1):
             return None, None
         # the step during which the next request arrives ends the run (its plan
         # was made before the arrival); steps ending at the horizon never finish
@@ -405,9 +394,22 @@ class Replica:
         # a wrong guess costs time, never exactness (the run is cut below)
         est = self._step_s
         if est is None:
-            cost = self.price(plan, shape)
-            est = self._step_s = cost.seconds
+            est = self._step_s = self.price(plan, shape).seconds
         if not est > 0 or t_stop - start < 2 * est:
+            return None, None
+        seqs = self.seqs
+        rows = [seqs[rid] for rid in plan.num_tokens]
+        k = self._MAX_RUN
+        for s in rows:
+            # (with one pending token and one scheduled, every row is q = 1 over
+            # kv = num_computed >= 1: it has generated, so num_tokens >= 2)
+            if s.num_tokens - s.num_computed != 1 or s.last_token is None:
+                raise PolicyError(f"{self.policy.name}: a steady plan schedules rid {s.rid}, "
+                                  "which is not decoding")
+            left = s.output_tokens - s.num_generated  # the run ends with the first completion
+            if left < k:
+                k = left
+        if k < 2:
             return None, None
         t_price = t_stop
         if trunc:  # price through about as many arrivals as there are replicas
@@ -468,7 +470,9 @@ class Replica:
                 # every row crosses a block boundary at first, first + bs, ...:
                 # step j >= 1 grows the rows whose first is (j - 1) % bs + 1
                 per = np.bincount(first, minlength=bs + 1)[1:]
-                grow = np.cumsum(np.concatenate(([0], np.resize(per, k - 1))))
+                grow = np.zeros(k, dtype=np.int64)
+                grow[1:] = per[np.arange(k - 1) % bs]
+                np.cumsum(grow, out=grow)
             else:
                 late = first < k
                 f = first[late]
