@@ -20,6 +20,8 @@ handful of numpy reductions over the rows.
 
 from __future__ import annotations
 
+import dataclasses
+from bisect import bisect_left, bisect_right
 from typing import NamedTuple
 
 import numpy as np
@@ -34,6 +36,64 @@ from sim.types import OpCost, StepCost, StepShape
 __all__ = ["RooflineCostModel", "DecodeRun"]
 
 _ZERO = StepCost(seconds=0.0, flops=0.0, bytes=0.0)
+_CACHE_LIMIT = 1 << 16
+_EXACT = 1 << 53  # integers below this are exact doubles, and so are their sums and products below it
+
+# the reductions ndarray.sum / .max call, minus the method dispatch (same results)
+_sum, _max, _nonzero, _dot = np.add.reduce, np.maximum.reduce, np.count_nonzero, np.dot
+_arange, _array = np.arange, np.array
+_I64 = np.dtype(np.int64)
+_ONES: dict[int, bytes] = {}  # n -> bytes of np.ones(n, int64), to spot all-decode steps
+
+
+def _ones(n: int) -> bytes:
+    b = np.ones(n, dtype=np.int64).tobytes()
+    if n <= 4096:
+        _ONES[n] = b
+    return b
+
+
+def _make_step_cost():
+    """A constructor of :class:`StepCost` from positional fields, minus the frozen
+    dataclass's per-field ``object.__setattr__`` (a third of a decode step's price).
+
+    It fills the instance dict in field order, which gives an object equal in
+    every way to one from ``StepCost(...)``; it checks that on a probe and
+    falls back to the class itself if StepCost ever changes shape.
+    """
+    names = ("seconds", "flops", "bytes", "compute_s", "memory_s", "network_s", "overhead_s", "out_of_range",
+             "breakdown")
+    new = object.__new__
+
+    def fast(seconds, flops, nbytes, compute_s, memory_s, network_s, overhead_s, out_of_range):
+        c = new(StepCost)
+        d = c.__dict__
+        d["seconds"] = seconds
+        d["flops"] = flops
+        d["bytes"] = nbytes
+        d["compute_s"] = compute_s
+        d["memory_s"] = memory_s
+        d["network_s"] = network_s
+        d["overhead_s"] = overhead_s
+        d["out_of_range"] = out_of_range
+        d["breakdown"] = None
+        return c
+
+    def plain(seconds, flops, nbytes, compute_s, memory_s, network_s, overhead_s, out_of_range):
+        return StepCost(seconds, flops, nbytes, compute_s, memory_s, network_s, overhead_s, out_of_range)
+
+    try:
+        args = (1.5, 2.5, 3.5, 0.25, 0.75, 0.125, 0.375, 2)
+        a, b = fast(*args), plain(*args)
+        same = (tuple(f.name for f in dataclasses.fields(StepCost)) == names
+                and not hasattr(StepCost, "__post_init__") and a == b and hash(a) == hash(b)
+                and repr(a) == repr(b) and list(vars(a).items()) == list(vars(b).items()))
+    except Exception:  # noqa: BLE001 - any surprise: use the class itself
+        same = False
+    return fast if same else plain
+
+
+_step_cost = _make_step_cost()
 
 
 class DecodeRun(NamedTuple):
@@ -51,13 +111,9 @@ class DecodeRun(NamedTuple):
 
     def step(self, j: int) -> StepCost:
         """Step ``j`` as a :class:`StepCost`."""
-        return StepCost(seconds=float(self.seconds[j]), flops=float(self.flops[j]),
-                        bytes=float(self.bytes[j]), compute_s=float(self.compute_s[j]),
-                        memory_s=float(self.memory_s[j]), network_s=self.network_s,
-                        overhead_s=self.overhead_s, out_of_range=int(self.out_of_range[j]))
-
-
-_CACHE_LIMIT = 1 << 16
+        return _step_cost(float(self.seconds[j]), float(self.flops[j]), float(self.bytes[j]),
+                          float(self.compute_s[j]), float(self.memory_s[j]), self.network_s, self.overhead_s,
+                          int(self.out_of_range[j]))
 
 
 class RooflineCostModel:
@@ -96,32 +152,135 @@ class RooflineCostModel:
         self.peak_bandwidth = tp * self._bw
         self.weight_bytes_per_gpu = self.shard.weight_bytes()
         self.kv_bytes_per_token = tp * self.shard.kv_bytes_per_token
+        self._precompute()
+
+    def _precompute(self) -> None:
+        """Per-model constants of the fast paths (see :meth:`price`); None turns a path off."""
+        m, sh = self.model, self.shard
+        L, dh = m.num_hidden_layers, m.head_dim
+        h, k = sh.heads, sh.kv_heads
+        # exactly ShardShape.attention's constants and _roofline's lookups
+        kv_elt = 2 * k * dh * sh.b_kv
+        qo = h * dh * B_ACT * 2
+        l_launch = L * self._launch
+        host0, host1 = self._host
+        pre = self._eff.get("attention") or self._eff.get("attention_prefill")
+        dec = self._eff.get("attention") or self._eff.get("attention_decode")
+        self._attn = None
+        if pre is not None and dec is not None:
+            self._attn = (L, L * 4.0, h, dh, kv_elt, qo, self._peak16, self._bw, l_launch, host0, host1,
+                          pre, pre.memory, pre.measured, {}, dec, dec.memory, dec.measured, {})
+        # price_decodes (its own lookup order) and decode_flops: integer per-token constants
+        run = self._eff.get("attention_decode") or self._eff.get("attention")
+        self._run = self._run_bound = None
+        if run is not None and kv_elt == int(kv_elt) and qo == int(qo):
+            ke, qi, kf = int(kv_elt), int(qo), L * 4 * h * dh
+            if kf < _EXACT and L * ke < _EXACT:
+                self._run = (float(kf), ke, qi, float(L * ke), L, self._peak16, self._bw, l_launch, host0, host1,
+                             run, run.memory, run.measured, {})
+                self._run_bound = (max(kf, L * ke), L * qi)
 
     # -- pricing -------------------------------------------------------------
+    # NOTE: price, price_decodes and decode_flops are the simulator's hot path.
+    # They inline ShardShape.attention and _roofline for the two attention
+    # operators (per-model constants precomputed in _precompute) with every
+    # floating-point operation kept in the original order, so results are
+    # bit-identical to the plain code (kept as _price_slow / _price_decodes_slow,
+    # which also serve breakdowns and profiles the fast path does not cover).
     def price(self, shape: StepShape, breakdown: bool = False) -> StepCost:
         """What one step costs; ``breakdown`` adds per-operator figures (slower)."""
         q, kv = shape.q, shape.kv
         n = q.shape[0]
         if n == 0:
             return _ZERO
-        T = int(q.sum())
-        if T == 0:  # only billed-but-empty rows: nothing runs
-            return _ZERO
-        if T == n and q.max() == 1:
+        if q.dtype == _I64 and q.tobytes() == (_ONES.get(n) or _ones(n)):
+            T, ones = n, True  # what the reductions below find for all-ones rows, without reducing
+        else:
+            T = int(_sum(q))
+            if T == 0:  # only billed-but-empty rows: nothing runs
+                return _ZERO
+            ones = T == n and _max(q) == 1
+        if ones:
             # NOTE: fast path, every row is one token (decodes, and 1-token prompts with kv == 0);
             # four reductions instead of nine, which is most of a decode step's price.
-            n_dec = int(np.count_nonzero(kv))
-            ctx_dec = int(kv.sum()) + n_dec
+            n_dec = int(_nonzero(kv))
+            ctx_dec = int(_sum(kv)) + n_dec
             pairs = pre_kv = float(n - n_dec)
         else:
             kv1 = kv[q == 1]
-            n_dec = int(np.count_nonzero(kv1))
-            ctx_dec = int(kv1.sum()) + n_dec
+            n_dec = int(_nonzero(kv1))
+            ctx_dec = int(_sum(kv1)) + n_dec
             # sum over rows of q*(2kv+q+1) = 2 * causal pairs; a decode row contributes 2*(kv+1)
-            pairs = (2 * int(np.dot(q, kv)) + int(np.dot(q, q)) + T) / 2.0 - ctx_dec
+            pairs = (2 * int(_dot(q, kv)) + int(_dot(q, q)) + T) / 2.0 - ctx_dec
             # rows with q == 0 (billed padding) compute nothing and read no KV
-            kv_read = kv.sum() if np.count_nonzero(q) == n else kv[q > 0].sum()
+            kv_read = _sum(kv) if _nonzero(q) == n else _sum(kv[q > 0])
             pre_kv = int(kv_read) + T - ctx_dec
+        c = self._attn
+        if breakdown or c is None:
+            return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv)
+        (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1,
+         pre_eff, pre_mem, pre_range, pre_den, dec_eff, dec_mem, dec_range, dec_den) = c
+        hit = self._dense_cache.get((T, shape.sampled))
+        if hit is None:
+            hit = self._dense(T, shape.sampled)
+        comp, mem, net, over, flops, nbytes, oor = hit
+        # ShardShape.attention's Work items priced as _roofline would, prefill then decode
+        P = T - n_dec
+        if P:
+            wf = L4 * pairs * h * dh
+            wb = L * (pre_kv * kv_elt + P * qo)
+            per = wb / L
+            if wf:
+                den = pre_den.get(P)
+                if den is None:
+                    den = peak * pre_eff.compute(P)
+                    if len(pre_den) < _CACHE_LIMIT:
+                        pre_den[P] = den
+                tc = wf / den
+            else:
+                tc = 0.0
+            tm = wb / (bw * pre_mem(per)) if wb else 0.0
+            if tc >= tm:
+                comp += tc
+            else:
+                mem += tm
+            over += l_launch
+            flops += wf
+            nbytes += wb
+            if pre_range is not None and not (pre_range[0] <= P <= pre_range[1]
+                                              and pre_range[2] <= per <= pre_range[3]):
+                oor += 1
+        if n_dec:
+            wf = L4 * ctx_dec * h * dh
+            wb = L * (ctx_dec * kv_elt + n_dec * qo)
+            per = wb / L
+            if wf:
+                den = dec_den.get(n_dec)
+                if den is None:
+                    den = peak * dec_eff.compute(n_dec)
+                    if len(dec_den) < _CACHE_LIMIT:
+                        dec_den[n_dec] = den
+                tc = wf / den
+            else:
+                tc = 0.0
+            tm = wb / (bw * dec_mem(per)) if wb else 0.0
+            if tc >= tm:
+                comp += tc
+            else:
+                mem += tm
+            over += l_launch
+            flops += wf
+            nbytes += wb
+            if dec_range is not None and not (dec_range[0] <= n_dec <= dec_range[1]
+                                              and dec_range[2] <= per <= dec_range[3]):
+                oor += 1
+        over += host0 + host1 * n
+        t = self.tp
+        return _step_cost(comp + mem + net + over, flops * t, nbytes * t, comp, mem, net, over, oor)
+
+    def _price_slow(self, shape: StepShape, breakdown: bool, T: int, n: int, n_dec: int, ctx_dec: int,
+                    pairs: float, pre_kv: float) -> StepCost:
+        """:meth:`price` from the row sums, through :class:`Work` items (breakdowns, uncommon profiles)."""
         pre, dcd = self.shard.attention(T - n_dec, pairs, pre_kv, n_dec, ctx_dec)
         host = self._host[0] + self._host[1] * n
         if breakdown:
@@ -156,7 +315,71 @@ class RooflineCostModel:
         """
         if rows < 1 or count < 1:
             raise ValueError(f"price_decodes needs rows >= 1 and count >= 1, got {rows}, {count}")
-        ctx, w_flops = self._decode_attention_flops(rows, context, count, stride)
+        ctx = self._decode_ctx(rows, context, count, stride)
+        if ctx is None:
+            return self._price_decodes_slow(rows, context, count, stride, sampled)
+        c = self._run
+        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0, host1, eff, mem_curve, rng, den_cache = c
+        # NOTE: _decode_ctx checked that every step's FLOPs and bytes are
+        # integers below 2**53, where float products and sums are exact in any
+        # order: fewer array operations than price's formulas, the same doubles.
+        w_flops = ctx * flops_k  # L * 4.0 * ctx * heads * head_dim
+        w_bytes = ctx * lke  # L * (ctx * kv_elt + rows * qo)
+        w_bytes += float(L * rows * qo)
+        # w_bytes / L, the bytes per kernel: an arithmetic progression of integers
+        b0, step = (context + rows) * ke + rows * qo, stride * ke
+        per_bytes = range(b0, b0 + step * count, step) if step else [b0] * count
+        mem_eff = _array(mem_curve.many(per_bytes), dtype=np.float64)
+        den = den_cache.get(rows)
+        if den is None:
+            den = peak * eff.compute(rows)
+            if len(den_cache) < _CACHE_LIMIT:
+                den_cache[rows] = den
+        tc = w_flops / den
+        mem_eff *= bw
+        tm = w_bytes / mem_eff
+        comp, mem, net, over, flops, nbytes, oor0 = self._dense(rows, sampled)
+        cbound = tc >= tm
+        n_c = int(_nonzero(cbound))
+        if n_c == 0:
+            comp_s = np.full(count, comp)
+            tm += mem
+            mem_s = tm
+            seconds = comp + mem_s
+        elif n_c == count:
+            tc += comp
+            comp_s = tc
+            mem_s = np.full(count, mem)
+            seconds = comp_s + mem
+        else:
+            comp_s = np.where(cbound, comp + tc, comp)
+            mem_s = np.where(cbound, mem, mem + tm)
+            seconds = comp_s + mem_s
+        over = over + l_launch
+        over += host0 + host1 * rows
+        if net:  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
+            seconds += net
+        seconds += over
+        w_flops += flops
+        w_bytes += nbytes
+        t = self.tp
+        if t != 1:
+            w_flops *= t
+            w_bytes *= t
+        if rng is None:
+            oor = np.full(count, oor0, dtype=np.int64)
+        elif not rng[0] <= rows <= rng[1]:
+            oor = np.full(count, oor0 + 1, dtype=np.int64)
+        else:  # per_bytes ascends: in range on one slice of steps
+            oor = np.full(count, oor0 + 1, dtype=np.int64)
+            i = bisect_left(per_bytes, rng[2])
+            oor[i:bisect_right(per_bytes, rng[3], i)] = oor0
+        return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
+                         network_s=net, overhead_s=over, out_of_range=oor)
+
+    def _price_decodes_slow(self, rows: int, context: int, count: int, stride: int, sampled: int) -> DecodeRun:
+        """:meth:`price_decodes` with :meth:`price`'s formulas on arrays (any inputs and profiles)."""
+        ctx, w_flops = self._decode_attention_flops_slow(rows, context, count, stride)
         m, sh = self.model, self.shard
         L = m.num_hidden_layers
         kv_elt = 2 * sh.kv_heads * m.head_dim * sh.b_kv
@@ -182,11 +405,34 @@ class RooflineCostModel:
     def decode_flops(self, rows: int, context: int, count: int, stride: int, sampled: int) -> np.ndarray:
         """Just the ``flops`` of :meth:`price_decodes` (no efficiency curves: cheap)."""
         _, w_flops = self._decode_attention_flops(rows, context, count, stride)
-        return (self._dense(rows, sampled)[4] + w_flops) * self.tp
+        w_flops += self._dense(rows, sampled)[4]
+        if self.tp != 1:
+            w_flops *= self.tp
+        return w_flops
 
     def _decode_attention_flops(self, rows: int, context: int, count: int, stride: int):
         """Per step of a decode run: the sum of (kv + 1) over rows, and decode
         attention's FLOPs with :meth:`ShardShape.attention`'s operation order."""
+        ctx = self._decode_ctx(rows, context, count, stride)
+        if ctx is None:
+            return self._decode_attention_flops_slow(rows, context, count, stride)
+        return ctx, ctx * self._run[0]  # exact: see _decode_ctx
+
+    def _decode_ctx(self, rows: int, context: int, count: int, stride: int) -> np.ndarray | None:
+        """``context + rows + stride * arange(count)``, or None where a run's FLOPs or
+        bytes might not be integers below 2**53 (the fast path's exactness condition)."""
+        bound = self._run_bound
+        if bound is None or type(context) is not int or type(rows) is not int or type(stride) is not int:
+            return None
+        first = context + rows
+        last = first + stride * (count - 1)
+        if first < 1 or stride < 0 or last * bound[0] + rows * bound[1] >= _EXACT:
+            return None
+        if stride:
+            return _arange(first, last + stride, stride, dtype=np.int64)
+        return np.full(count, first, dtype=np.int64)
+
+    def _decode_attention_flops_slow(self, rows: int, context: int, count: int, stride: int):
         ctx = context + rows + stride * np.arange(count, dtype=np.int64)
         m, sh = self.model, self.shard
         return ctx, m.num_hidden_layers * 4.0 * ctx * sh.heads * m.head_dim

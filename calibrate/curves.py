@@ -25,11 +25,13 @@ from calibrate.hardware import Efficiency
 
 __all__ = ["Curve", "ClassEfficiency"]
 
+_MEMO_LIMIT = 1 << 16  # sizes remembered per curve by Curve.many
+
 
 class Curve:
     """Piecewise power law (linear in log-log), clamped; ``curve(size) -> fraction``."""
 
-    __slots__ = ("_lx", "_y", "_slope", "_lo", "_hi", "_ylo", "_yhi")
+    __slots__ = ("_lx", "_y", "_slope", "_lo", "_hi", "_ylo", "_yhi", "_memo")
 
     def __init__(self, points: Sequence[Sequence[float]]) -> None:
         xs = [float(p[0]) for p in points]
@@ -39,6 +41,7 @@ class Curve:
                        for i in range(len(xs) - 1)]
         self._lo, self._hi = xs[0], xs[-1]
         self._ylo, self._yhi = float(points[0][1]), float(points[-1][1])
+        self._memo: dict[float, float] = {}
 
     def __call__(self, size: float) -> float:
         if size <= self._lo:
@@ -49,22 +52,52 @@ class Curve:
         i = bisect_right(self._lx, lx) - 1
         return math.exp(self._y[i] + (lx - self._lx[i]) * self._slope[i])
 
-    def many(self, sizes) -> list[float]:
-        """``[self(x) for x in sizes]``, the same operations inlined (a run of decode steps)."""
+    def many(self, sizes: Sequence[float]) -> list[float]:
+        """``[self(x) for x in sizes]``, the same operations inlined (a run of decode steps).
+
+        Values are memoised per size (bounded): the engine prices overlapping
+        runs of decode steps (a run cut short by an arrival, a guess doubled),
+        so most sizes of a padded batch's run were seen before. ``sizes`` must
+        support ``len`` and indexing (a list or a range).
+        """
+        if not isinstance(sizes, (list, range)):
+            sizes = list(sizes)
+        memo = self._memo
+        out = list(map(memo.get, sizes))
+        misses = out.count(None)
+        if not misses:
+            return out
         lo, hi, ylo, yhi = self._lo, self._hi, self._ylo, self._yhi
         lxs, ys, slopes = self._lx, self._y, self._slope
         log, exp, bis = math.log, math.exp, bisect_right
-        out = []
-        push = out.append
-        for x in sizes:
-            if x <= lo:
-                push(ylo)
-            elif x >= hi:
-                push(yhi)
-            else:
-                lx = log(x)
-                i = bis(lxs, lx) - 1
-                push(exp(ys[i] + (lx - lxs[i]) * slopes[i]))
+        if 2 * misses > len(out):  # mostly new: evaluate all, remember all
+            out = []
+            push = out.append
+            for x in sizes:
+                if x <= lo:
+                    push(ylo)
+                elif x >= hi:
+                    push(yhi)
+                else:
+                    lx = log(x)
+                    i = bis(lxs, lx) - 1
+                    push(exp(ys[i] + (lx - lxs[i]) * slopes[i]))
+            if len(memo) > _MEMO_LIMIT:
+                memo.clear()
+            memo.update(zip(sizes, out))
+            return out
+        for j, v in enumerate(out):
+            if v is None:
+                x = sizes[j]
+                if x <= lo:
+                    v = ylo
+                elif x >= hi:
+                    v = yhi
+                else:
+                    lx = log(x)
+                    i = bis(lxs, lx) - 1
+                    v = exp(ys[i] + (lx - lxs[i]) * slopes[i])
+                out[j] = memo[x] = v
         return out
 
 
@@ -83,6 +116,11 @@ class ClassEfficiency:
             t = r.tokens or (0.0, math.inf)
             b = r.bytes or (0.0, math.inf)
             self._range = (t[0], t[1], b[0], b[1])
+
+    @property
+    def measured(self) -> tuple[float, float, float, float] | None:
+        """``(tokens_lo, tokens_hi, bytes_lo, bytes_hi)`` measured (inclusive), or None: never out of range."""
+        return self._range
 
     def out_of_range(self, tokens: float, nbytes: float) -> bool:
         """True when a calibrated curve is used outside what was measured."""
