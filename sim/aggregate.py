@@ -31,7 +31,8 @@ import math
 
 import numpy as np
 
-from sim.records import STEP_FIELDS, Columns
+from sim.records import STEP_FIELDS
+from sim.records import places as _places
 
 __all__ = ["StepTotals", "ItlAggregate", "STEP_CHUNK", "ITL_CHUNK"]
 
@@ -39,37 +40,131 @@ STEP_CHUNK = 4096
 ITL_CHUNK = 1 << 16
 _ITL_G0 = 1e-7  # gaps at or below 0.1 us share the first bin
 _ITL_WIDTH = math.log1p(1e-3)  # each bin is 0.1% wider than the last
+_WAITING_GAPS = 1 << 14  # listed gaps written at a time (at most)
 
 _SUMS = ("busy", "compute_s", "memory_s", "useful_flops", "bytes")
 _INTS = ("prefill_tokens", "decode_tokens", "padding_tokens", "num_seqs", "out_of_range", "steps")
 
+# The step fields the totals read ("busy" is end - start), by position in
+# STEP_FIELDS: only these are kept.
+_STEP_NAMES = [f for f, _ in STEP_FIELDS]
+_KEEP = tuple(_STEP_NAMES.index(f) for f in ("start", "end") + _SUMS[1:] + _INTS[:-1])
+_KEEP_DTYPES = tuple(STEP_FIELDS[i][1] for i in _KEEP)
+_START, _END = 0, 1  # positions in the kept columns
+_SUM_COLS = tuple(enumerate(_SUMS[1:], 2))
+_INT_COLS = tuple(enumerate(_INTS[:-1], 2 + len(_SUMS) - 1))
+
+
+class _Chunk:
+    """One replica's unfinished chunk.
+
+    Its first ``n`` rows are in ``arrays``. Then come ``waiting`` values (step
+    rows as appended, or gaps from lists), not yet written, and ``skipped``
+    rows that blocks wrote meanwhile straight to their places: ``(i, k)`` in
+    ``skips`` is k rows after the first i waiting ones. ``_Chunked._settle``
+    writes the waiting values to the places kept for them.
+    """
+
+    __slots__ = ("arrays", "n", "waiting", "skips", "skipped")
+
+    def __init__(self, dtypes, size: int) -> None:
+        self.arrays = [np.empty(size, dtype=dt) for dt in dtypes]
+        self.n = 0
+        self.waiting: list = []
+        self.skips: list[tuple[int, int]] = []
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return self.n + len(self.waiting) + self.skipped
+
 
 class _Chunked:
-    """Per-replica fixed-size chunks; subclasses reduce a full chunk."""
+    """Per-replica fixed-size chunks; subclasses reduce a full chunk.
 
-    def __init__(self, replicas: int, fields, chunk: int) -> None:
+    Every value is converted exactly as ``array[i] = value`` would convert it
+    and lands in the same place of the same chunk as if each row were written
+    as it came, so waiting before being written changes nothing.
+    """
+
+    def __init__(self, replicas: int, dtypes, chunk: int) -> None:
         self._chunk = chunk
-        self._bufs = [Columns(fields, chunk) for _ in range(replicas)]
+        self._bufs = [_Chunk(dtypes, chunk) for _ in range(replicas)]
 
     def _add(self, replica: int, columns, count: int) -> None:
+        """Write ``count`` rows (arrays of at least ``count`` values, or
+        scalars) after the replica's rows so far, reducing each full chunk."""
         buf, chunk = self._bufs[replica], self._chunk
+        waiting = len(buf.waiting)
+        n = buf.n + waiting + buf.skipped
+        if n + count < chunk:  # fits in the chunk: no slicing
+            s = slice(n, n + count)
+            try:
+                for a, c in zip(buf.arrays, columns):
+                    a[s] = c
+            except ValueError:  # an array longer than count: its first count values, below
+                pass
+            else:
+                if waiting:
+                    buf.skips.append((waiting, count))
+                    buf.skipped += count
+                else:
+                    buf.n = n + count
+                return
+        if waiting:
+            self._settle(replica, buf)
         done = 0
         while done < count:
-            take = min(count - done, chunk - len(buf))
-            part = [c[done:done + take] if isinstance(c, np.ndarray) else c for c in columns]
-            buf.extend(*part, count=take)
+            n = buf.n
+            take = min(count - done, chunk - n)
+            for a, c in zip(buf.arrays, columns):
+                a[n:n + take] = c[done:done + take] if isinstance(c, np.ndarray) else c
+            buf.n = n + take
             done += take
-            if len(buf) == chunk:
+            if buf.n == chunk:
                 self._reduce(replica, buf)
-                buf._n = 0
+                buf.n = 0
+
+    def _waiting_columns(self, waiting: list) -> list:  # pragma: no cover - abstract
+        """The waiting values, one sequence per column."""
+        raise NotImplementedError
+
+    def _settle(self, replica: int, buf: _Chunk) -> None:
+        """Write the waiting values to their places; those past the chunk's
+        end (gaps only) go on into the next chunks."""
+        waiting = buf.waiting
+        k = len(waiting)
+        if not k:
+            return
+        columns = self._waiting_columns(waiting)
+        buf.waiting = []
+        n, chunk = buf.n, self._chunk
+        fit = min(k, chunk - n - buf.skipped)
+        part = columns if fit == k else [v[:fit] for v in columns]
+        if buf.skips:
+            at = _places(n, fit, buf.skips)
+            for a, v in zip(buf.arrays, part):
+                a[at] = np.array(v, dtype=a.dtype)
+        else:
+            s = slice(n, n + fit)
+            for a, v in zip(buf.arrays, part):
+                a[s] = v
+        buf.n = n + fit + buf.skipped
+        buf.skips = []
+        buf.skipped = 0
+        if buf.n == chunk:
+            self._reduce(replica, buf)
+            buf.n = 0
+        if fit < k:
+            self._add(replica, [np.array(v[fit:], dtype=a.dtype) for a, v in zip(buf.arrays, columns)], k - fit)
 
     def _flush(self) -> None:
         for i, buf in enumerate(self._bufs):
-            if len(buf):
+            self._settle(i, buf)
+            if buf.n:
                 self._reduce(i, buf)
-                buf._n = 0
+                buf.n = 0
 
-    def _reduce(self, replica: int, buf: Columns) -> None:  # pragma: no cover - abstract
+    def _reduce(self, replica: int, buf: _Chunk) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -77,7 +172,7 @@ class StepTotals(_Chunked):
     """Running sums of the step records (the ``StepLog`` interface: append, extend)."""
 
     def __init__(self, replicas: int) -> None:
-        super().__init__(replicas, STEP_FIELDS, STEP_CHUNK)
+        super().__init__(replicas, _KEEP_DTYPES, STEP_CHUNK)
         self._f = [dict.fromkeys(_SUMS, 0.0) for _ in range(replicas)]
         self._i = [dict.fromkeys(_INTS, 0) for _ in range(replicas)]
         self.max_end = -math.inf
@@ -87,12 +182,13 @@ class StepTotals(_Chunked):
         return self._count
 
     def append(self, *values) -> None:
+        # the row waits whole; _settle writes the kept fields of many at once
         self._count += 1
         buf = self._bufs[values[0]]
-        buf.append(*values)
-        if len(buf) == self._chunk:
-            self._reduce(values[0], buf)
-            buf._n = 0
+        waiting = buf.waiting
+        waiting.append(values)
+        if buf.n + len(waiting) + buf.skipped == STEP_CHUNK:
+            self._settle(values[0], buf)
 
     def extend(self, *columns, count: int | None = None) -> None:
         k = len(columns[0]) if count is None else count
@@ -101,18 +197,40 @@ class StepTotals(_Chunked):
         self._count += k
         replica = columns[0]
         replica = int(replica[0]) if isinstance(replica, np.ndarray) else int(replica)
-        self._add(replica, columns, k)
+        buf = self._bufs[replica]
+        waiting = len(buf.waiting)
+        n = buf.n + waiting + buf.skipped
+        if n + k < STEP_CHUNK:  # fits in the chunk: _add's first case, without the list
+            s = slice(n, n + k)
+            try:
+                for a, i in zip(buf.arrays, _KEEP):
+                    a[s] = columns[i]
+            except ValueError:
+                pass
+            else:
+                if waiting:
+                    buf.skips.append((waiting, k))
+                    buf.skipped += k
+                else:
+                    buf.n = n + k
+                return
+        self._add(replica, [columns[i] for i in _KEEP], k)
 
-    def _reduce(self, replica: int, buf: Columns) -> None:
-        col = buf.column
-        end = col("end")
+    def _waiting_columns(self, rows: list) -> list:
+        fields = list(zip(*rows))
+        return [fields[i] for i in _KEEP]
+
+    def _reduce(self, replica: int, buf: _Chunk) -> None:
+        n, arrays = buf.n, buf.arrays
+        cols = arrays if n == self._chunk else [a[:n] for a in arrays]
+        end = cols[_END]
         f, i = self._f[replica], self._i[replica]
-        f["busy"] += float((end - col("start")).sum())
-        for name in _SUMS[1:]:
-            f[name] += float(col(name).sum())
-        for name in _INTS[:-1]:
-            i[name] += int(col(name).sum())
-        i["steps"] += len(buf)
+        f["busy"] += float((end - cols[_START]).sum())
+        for j, name in _SUM_COLS:
+            f[name] += float(cols[j].sum())
+        for j, name in _INT_COLS:
+            i[name] += int(cols[j].sum())
+        i["steps"] += n
         self.max_end = max(self.max_end, float(end.max()))
 
     def totals(self) -> dict:
@@ -136,21 +254,37 @@ class StepTotals(_Chunked):
 class _ItlSink:
     """What one replica's engine writes gaps into (``ItlLog``'s ``extend``)."""
 
-    __slots__ = ("_agg", "_replica")
+    __slots__ = ("_agg", "_replica", "_buf")
 
     def __init__(self, agg: "ItlAggregate", replica: int) -> None:
         self._agg, self._replica = agg, replica
+        self._buf = agg._bufs[replica]
 
     def extend(self, rids, gaps) -> None:
-        self._agg._gaps(self._replica, rids, gaps)
+        agg = self._agg
+        if type(gaps) is list and agg._all_measured:  # a step's gaps: they wait in a list
+            buf = self._buf
+            waiting = buf.waiting
+            waiting += gaps
+            k = len(waiting)
+            if k >= _WAITING_GAPS or buf.n + k + buf.skipped >= ITL_CHUNK:
+                agg._settle(self._replica, buf)
+            return
+        agg._gaps(self._replica, rids, gaps)
 
 
 class ItlAggregate(_Chunked):
     """Count, sums and a log histogram of the measured requests' inter-token gaps."""
 
     def __init__(self, replicas: int, measured: np.ndarray) -> None:
-        super().__init__(replicas, (("gap", "f8"),), ITL_CHUNK)
+        super().__init__(replicas, ("f8",), ITL_CHUNK)
         self._measured = measured
+        self._all_measured = bool(np.all(measured))
+        # where the measured rids are one run lo..hi-1 (measured by arrival
+        # time, rids in arrival order), a list's rids are checked by min and max
+        idx = np.flatnonzero(measured)
+        lo = int(idx[0]) if len(idx) else 0
+        self._run = (lo, lo + len(idx)) if len(idx) and int(idx[-1]) - lo + 1 == len(idx) else None
         self._sum = [0.0] * replicas
         self._sq = [0.0] * replicas
         self._n = [0] * replicas
@@ -163,16 +297,33 @@ class ItlAggregate(_Chunked):
         return sum(self._n) + sum(len(b) for b in self._bufs)
 
     def _gaps(self, replica: int, rids, gaps) -> None:
-        rids = np.asarray(rids, dtype=np.int64)
+        if (self._run is not None and type(gaps) is list and type(rids) is list
+                and len(rids) == len(gaps)):
+            if not gaps:
+                return
+            lo, hi = self._run
+            if lo <= min(rids) and max(rids) < hi:  # all measured: they wait in a list
+                buf = self._bufs[replica]
+                waiting = buf.waiting
+                waiting += gaps
+                k = len(waiting)
+                if k >= _WAITING_GAPS or buf.n + k + buf.skipped >= ITL_CHUNK:
+                    self._settle(replica, buf)
+                return
+        if not self._all_measured:
+            keep = self._measured[np.asarray(rids, dtype=np.int64)]
+            if not keep.all():
+                gaps = np.asarray(gaps, dtype=np.float64)[keep]
         gaps = np.asarray(gaps, dtype=np.float64)
-        keep = self._measured[rids]
-        if not keep.all():
-            gaps = gaps[keep]
         if len(gaps):
             self._add(replica, (gaps,), len(gaps))
 
-    def _reduce(self, replica: int, buf: Columns) -> None:
-        g = buf.column("gap")
+    def _waiting_columns(self, gaps: list) -> list:
+        return [gaps]
+
+    def _reduce(self, replica: int, buf: _Chunk) -> None:
+        n = buf.n
+        g = buf.arrays[0] if n == self._chunk else buf.arrays[0][:n]
         self._sum[replica] += float(g.sum())
         self._sq[replica] += float((g * g).sum())
         self._n[replica] += len(g)

@@ -41,45 +41,99 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
+def places(n: int, k: int, skips) -> np.ndarray:
+    """Where k waiting rows go: from row n on, past the ``(i, m)`` skips
+    (m rows already written after the first i waiting ones)."""
+    shift = np.zeros(k + 1, dtype=np.intp)
+    i, m = zip(*skips)
+    np.add.at(shift, np.minimum(i, k), m)
+    return np.arange(n, n + k) + np.cumsum(shift[:k])
+
+
 class Columns:
-    """Growable typed columns: ``append(*values)`` in field order."""
+    """Growable typed columns: ``append(*values)`` in field order.
+
+    Appended rows wait in a list and are written to the columns in blocks,
+    each value converted exactly as ``column[i] = value`` would convert it.
+    Rows written by ``extend`` meanwhile go straight to their place after the
+    waiting rows, whose places are kept for them (``_skips``), so the columns
+    end up as if every row had been written as it came.
+    """
+
+    _BLOCK = 1024  # appended rows written at a time
 
     def __init__(self, fields: Iterable[tuple[str, str]], capacity: int = 1024) -> None:
         self.fields = tuple(fields)
         self._arrays = [np.empty(capacity, dtype=dt) for _, dt in self.fields]
-        self._n = 0
+        self._n = 0  # rows before the first waiting one (all in the arrays)
+        self._rows: list[tuple] = []  # appended rows not yet in the arrays
+        self._skips: list[tuple[int, int]] = []  # (i, k): k rows extended after the i-th waiting one
+        self._skipped = 0  # rows in _skips
 
     def __len__(self) -> int:
-        return self._n
+        return self._n + len(self._rows) + self._skipped
 
     def append(self, *values) -> None:
-        n = self._n
-        if n == len(self._arrays[0]):
-            self._arrays = [np.resize(a, 2 * n) for a in self._arrays]
-        for a, v in zip(self._arrays, values):
-            a[n] = v
-        self._n = n + 1
+        rows = self._rows
+        rows.append(values)
+        if len(rows) >= self._BLOCK:
+            self._settle()
 
     def extend(self, *columns, count: int | None = None) -> None:
         """Append many rows at once, one sequence per field (or, with
         ``count``, a scalar repeated ``count`` times)."""
         k = len(columns[0]) if count is None else count
-        n = self._n
+        waiting = len(self._rows)
+        n = self._n + waiting + self._skipped
         if n + k > len(self._arrays[0]):
-            size = max(2 * len(self._arrays[0]), n + k)
-            self._arrays = [np.resize(a, size) for a in self._arrays]
+            self._grow(n + k)
+        s = slice(n, n + k)
         for a, v in zip(self._arrays, columns):
-            a[n:n + k] = v
-        self._n = n + k
+            a[s] = v
+        if waiting:
+            self._skips.append((waiting, k))
+            self._skipped += k
+        else:
+            self._n = n + k
 
     def column(self, name: str) -> np.ndarray:
+        self._settle()
         for (f, _), a in zip(self.fields, self._arrays):
             if f == name:
                 return a[: self._n]
         raise KeyError(name)
 
     def frame(self) -> pd.DataFrame:
+        self._settle()
         return pd.DataFrame({f: a[: self._n] for (f, _), a in zip(self.fields, self._arrays)})
+
+    def _grow(self, size: int) -> None:
+        size = max(2 * len(self._arrays[0]), size)
+        self._arrays = [np.resize(a, size) for a in self._arrays]
+
+    def _settle(self) -> None:
+        """Write the waiting rows to their places."""
+        rows = self._rows
+        k = len(rows)
+        if not k:
+            return
+        n = self._n
+        end = n + k + self._skipped
+        if end > len(self._arrays[0]):
+            self._grow(end)
+        columns = list(zip(*rows))
+        self._rows = []
+        if self._skips:
+            at = places(n, k, self._skips)
+            for a, v in zip(self._arrays, columns):
+                a[at] = np.array(v, dtype=a.dtype)
+            self._skips = []
+            self._skipped = 0
+        else:
+            s = slice(n, end)
+            for a, v in zip(self._arrays, columns):
+                a[s] = v
+        self._n = end
 
 
 class StepLog(Columns):
