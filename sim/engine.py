@@ -179,6 +179,8 @@ class Replica:
             if run is None:
                 if cost is None:
                     cost = self.price(plan, shape)
+                    if plan.steady:  # keep the run-length guess fresh (_decode_run)
+                        self._step_s = cost.seconds
                 useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
                 yield env.timeout(cost.seconds)
             else:
