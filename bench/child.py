@@ -112,8 +112,12 @@ def _progress() -> dict:
 def _on_timeout(out: str, t0: list[float], calibration: list[tuple[float, float]]):
     def handler(_signum, _frame):
         wall, cpu = (time.perf_counter() - t0[0], time.process_time() - t0[1]) if t0 else (0.0, 0.0)
+        # NOTE: time the loop again at the cutoff, as a finished case does after
+        # its run: the VM's speed can change during a long case, and a ratio
+        # over the loop timed only before the run would carry that change
+        runs = calibration + time_calibration(3)
         _write(out, {"status": "timeout", "elapsed_s": wall, "elapsed_cpu_s": cpu,
-                     "progress": _progress(), "peak_rss_mb": peak_rss_mb(), **_calibration(calibration)})
+                     "progress": _progress(), "peak_rss_mb": peak_rss_mb(), **_calibration(runs)})
         os._exit(0)
     return handler
 

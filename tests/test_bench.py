@@ -59,6 +59,7 @@ def test_a_case_past_its_budget_is_recorded_as_timeout() -> None:
     assert r["status"] == "timeout"
     if r.get("progress"):  # the child got past its imports before the budget ran out
         assert r["steps_per_s"] >= 0 and r["progress"]["arrived"] <= 100_000
+        assert len(r["calibration_runs"]) == 6  # timed again at the cutoff
 
 
 def _doc(rows: list[dict], created: str = "2025-01-01T00:00:00+00:00", version: int = CALIBRATION_VERSION) -> dict:
