@@ -141,7 +141,11 @@ class StepBuilder:
             return False
         self.free -= need
         self.budget -= len(decodes)
-        self.num_tokens.update(dict.fromkeys([s.rid for s in decodes], 1))
+        rows = dict.fromkeys([s.rid for s in decodes], 1)
+        if self.num_tokens:
+            self.num_tokens.update(rows)
+        else:  # (the usual case: decodes are scheduled first)
+            self.num_tokens = rows
         self._decodes = len(decodes)
         return True
 

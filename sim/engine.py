@@ -250,7 +250,7 @@ class Replica:
                 seq.num_computed = 0
                 seq.num_preemptions += 1
             self.waiting.extendleft(reversed(victims))
-        admitted = [seqs[rid] for rid in plan.num_tokens if not seqs[rid].is_running]
+        admitted = [s for s in map(seqs.__getitem__, plan.num_tokens) if not s.is_running]
         self._take_from_waiting(admitted)
         for seq in admitted:
             seq.is_running = True
