@@ -96,6 +96,14 @@ def _make_step_cost():
 _step_cost = _make_step_cost()
 
 
+def _denominator(cache: dict, tokens: int, eff, peak: float) -> float:
+    """``peak * eff.compute(tokens)`` (an attention kernel's compute rate), remembered in ``cache``."""
+    den = peak * eff.compute(tokens)
+    if len(cache) < _CACHE_LIMIT:
+        cache[tokens] = den
+    return den
+
+
 class DecodeRun(NamedTuple):
     """Costs of ``count`` consecutive all-decode steps, one array element per step
     (the fields of :class:`~sim.types.StepCost`)."""
@@ -225,21 +233,16 @@ class RooflineCostModel:
             hit = self._dense(T, shape.sampled)
         comp, mem, net, over, flops, nbytes, oor = hit
         # ShardShape.attention's Work items priced as _roofline would, prefill then decode
-        P = T - n_dec
-        if P:
-            wf = L4 * pairs * h * dh
-            wb = L * (pre_kv * kv_elt + P * qo)
+        for tokens, wf, wb, eff, mem_curve, rng, dens in (
+                (T - n_dec, L4 * pairs * h * dh, L * (pre_kv * kv_elt + (T - n_dec) * qo),
+                 pre_eff, pre_mem, pre_range, pre_den),
+                (n_dec, L4 * ctx_dec * h * dh, L * (ctx_dec * kv_elt + n_dec * qo),
+                 dec_eff, dec_mem, dec_range, dec_den)):
+            if not tokens:
+                continue
             per = wb / L
-            if wf:
-                den = pre_den.get(P)
-                if den is None:
-                    den = peak * pre_eff.compute(P)
-                    if len(pre_den) < _CACHE_LIMIT:
-                        pre_den[P] = den
-                tc = wf / den
-            else:
-                tc = 0.0
-            tm = wb / (bw * pre_mem(per)) if wb else 0.0
+            tc = wf / (dens.get(tokens) or _denominator(dens, tokens, eff, peak)) if wf else 0.0
+            tm = wb / (bw * mem_curve(per)) if wb else 0.0
             if tc >= tm:
                 comp += tc
             else:
@@ -247,32 +250,7 @@ class RooflineCostModel:
             over += l_launch
             flops += wf
             nbytes += wb
-            if pre_range is not None and not (pre_range[0] <= P <= pre_range[1]
-                                              and pre_range[2] <= per <= pre_range[3]):
-                oor += 1
-        if n_dec:
-            wf = L4 * ctx_dec * h * dh
-            wb = L * (ctx_dec * kv_elt + n_dec * qo)
-            per = wb / L
-            if wf:
-                den = dec_den.get(n_dec)
-                if den is None:
-                    den = peak * dec_eff.compute(n_dec)
-                    if len(dec_den) < _CACHE_LIMIT:
-                        dec_den[n_dec] = den
-                tc = wf / den
-            else:
-                tc = 0.0
-            tm = wb / (bw * dec_mem(per)) if wb else 0.0
-            if tc >= tm:
-                comp += tc
-            else:
-                mem += tm
-            over += l_launch
-            flops += wf
-            nbytes += wb
-            if dec_range is not None and not (dec_range[0] <= n_dec <= dec_range[1]
-                                              and dec_range[2] <= per <= dec_range[3]):
+            if rng is not None and not (rng[0] <= tokens <= rng[1] and rng[2] <= per <= rng[3]):
                 oor += 1
         over += host0 + host1 * n
         t = self.tp
@@ -330,12 +308,7 @@ class RooflineCostModel:
         b0, step = (context + rows) * ke + rows * qo, stride * ke
         per_bytes = range(b0, b0 + step * count, step) if step else [b0] * count
         mem_eff = _array(mem_curve.many(per_bytes), dtype=np.float64)
-        den = den_cache.get(rows)
-        if den is None:
-            den = peak * eff.compute(rows)
-            if len(den_cache) < _CACHE_LIMIT:
-                den_cache[rows] = den
-        tc = w_flops / den
+        tc = w_flops / (den_cache.get(rows) or _denominator(den_cache, rows, eff, peak))
         mem_eff *= bw
         tm = w_bytes / mem_eff
         comp, mem, net, over, flops, nbytes, oor0 = self._dense(rows, sampled)
