@@ -197,23 +197,6 @@ class StepTotals(_Chunked):
         self._count += k
         replica = columns[0]
         replica = int(replica[0]) if isinstance(replica, np.ndarray) else int(replica)
-        buf = self._bufs[replica]
-        waiting = len(buf.waiting)
-        n = buf.n + waiting + buf.skipped
-        if n + k < STEP_CHUNK:  # fits in the chunk: _add's first case, without the list
-            s = slice(n, n + k)
-            try:
-                for a, i in zip(buf.arrays, _KEEP):
-                    a[s] = columns[i]
-            except ValueError:
-                pass
-            else:
-                if waiting:
-                    buf.skips.append((waiting, k))
-                    buf.skipped += k
-                else:
-                    buf.n = n + k
-                return
         self._add(replica, [columns[i] for i in _KEEP], k)
 
     def _waiting_columns(self, rows: list) -> list:
