@@ -104,7 +104,7 @@ class Replica:
         self._kv_observed = True
         self._run: _Run | None = None  # the run in flight (see _truncate)
         self._run_event: simpy.Event | None = None
-        self._step_s: float | None = None  # the last run's step time (guesses a run's length)
+        self._step_s: float | None = None  # the last steady step's time (guesses a run's length)
         self.fast_forward_steps = 0  # steps applied in bulk, for the benchmark's report
         self.process = env.process(self._loop())
 
@@ -394,11 +394,12 @@ class Replica:
         t_stop = min(t_a, horizon)
         # NOTE: the last decode step's duration guesses how many steps fit;
         # a wrong guess costs time, never exactness (the run is cut below)
-        est = self._step_s
-        if est is None:
-            est = self._step_s = self.price(plan, shape).seconds
+        est, cost0 = self._step_s, None
+        if est is None:  # (the first steady step: priced here, and returned if no run follows)
+            cost0 = self.price(plan, shape)
+            est = self._step_s = cost0.seconds
         if not est > 0 or t_stop - start < 2 * est:
-            return None, None
+            return None, cost0
         seqs = self.seqs
         rows = [seqs[rid] for rid in plan.num_tokens]
         k = self._MAX_RUN
@@ -412,7 +413,7 @@ class Replica:
             if left < k:
                 k = left
         if k < 2:
-            return None, None
+            return None, cost0
         t_price = t_stop
         if trunc:  # price through about as many arrivals as there are replicas
             ahead = self._arrival_times(start, math.inf)
@@ -494,9 +495,7 @@ class Replica:
             # grant the whole run's KV now (step k-1 holds c + k tokens): without
             # fast-forward, a request arriving during the last step would see it
             # all granted too
-            for s, h, total in zip(rows, held.tolist(), (c + k).tolist()):
-                if total > h * bs:
-                    kv.grow(s.rid, total)
+            self._grant(rows, k)
         if useful is not None:
             n_use = useful.num_rows
             use_flops = self.cost.decode_flops(n_use, int(useful.kv.sum()), k, n_use, useful.sampled)
@@ -528,10 +527,11 @@ class Replica:
         self._run = run._replace(k=j + 1, ends=run.ends[: j + 1],
                                  grow=None if run.grow is None else run.grow[: j + 1])
 
-    def _grant(self, run: "_Run") -> None:
-        """Grant a truncatable run's KV through its last step (rows not yet advanced)."""
-        kv, k = self.kv, run.k
-        for s in run.rows:
+    def _grant(self, rows: list, k: int) -> None:
+        """Grant a run of k steps its KV through its last step (rows not yet
+        advanced: step k-1 holds num_computed + k tokens)."""
+        kv = self.kv
+        for s in rows:
             kv.grow(s.rid, s.num_computed + k)
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape):
@@ -544,7 +544,7 @@ class Replica:
         # NOTE: KV for the whole run was granted when it started (_decode_run),
         # or is now for a run that arrivals could cut.
         if run.truncatable and run.grow is not None:
-            self._grant(run)
+            self._grant(run.rows, run.k)
         used = self.kv.used_blocks
         if run.grow is not None:
             used = used - int(run.grow[m]) + run.grow[:m]
