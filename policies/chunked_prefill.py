@@ -36,6 +36,7 @@ class ChunkedPrefillConfig(IterationConfig):
 class ChunkedPrefillPolicy(PolicyBase):
     """Decodes first, then prefill chunks that fill the token budget left."""
 
+    decode_cohort: ClassVar[bool] = True  # plans through StepBuilder (see sim.cohort)
     Config: ClassVar[type[PolicyConfig]] = ChunkedPrefillConfig
     config: ChunkedPrefillConfig
 

@@ -40,6 +40,7 @@ class ContinuousConfig(IterationConfig):
 class ContinuousPolicy(PolicyBase):
     """Iteration-level batching with whole-prompt prefills and preemption by recompute."""
 
+    decode_cohort: ClassVar[bool] = True  # plans through StepBuilder (see sim.cohort)
     Config: ClassVar[type[PolicyConfig]] = ContinuousConfig
     config: ContinuousConfig
 

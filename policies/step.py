@@ -15,6 +15,14 @@ sequence slots — and offers the three moves they compose:
   prompt or first chunk, stopping at the first that does not fit.
 
 KV is accounted cumulatively, so the engine can always grant the plan.
+
+When the view offers a decode cohort (``view.cohort``, sim.cohort: the
+running plain decodes as columns) and every running decode is in it,
+:meth:`StepBuilder.schedule_decodes` schedules the whole cohort in O(1)
+Python and marks the plan ``decode_cohort``; the builder then reads only
+``view.others`` (the running sequences outside the cohort) unless it must
+preempt, when it falls back to ``view.running`` and the one-by-one rules.
+The plans are the same either way.
 """
 
 from __future__ import annotations
@@ -69,16 +77,35 @@ class StepBuilder:
         self.release: list[int] = []
         self.reject: dict[int, str] = {}
         self._decodes = -1  # how many decodes the fast path scheduled (-1: it did not)
-        # running, not finished, in admission order
-        self.live: list[SeqView] = [s for s in view.running if not s.finished]
-        if len(self.live) != len(view.running):
-            for seq in view.running:
+        self._cohort_plan = False  # the plan's first rows are the whole cohort
+        self.cohort = getattr(view, "cohort", None)
+        # running, not finished, in admission order (with a cohort: outside it; the
+        # cohort's members are plain decodes, never finished)
+        running = view.running if self.cohort is None else view.others
+        live = [s for s in running if not s.finished]
+        if len(live) != len(running):
+            for seq in running:
                 if seq.finished:
                     # NOTE: iteration-level policies never hold finished sequences;
                     # should one be left running, let it go rather than leak its KV.
                     self.release.append(seq.rid)
                     self.free += held_blocks(view.kv, seq)
-        self.slots = max_num_seqs - len(self.live)
+        if self.cohort is None:
+            self._live: list[SeqView] | None = live
+            self.others = live
+            self.n_live = len(live)
+        else:
+            self._live = None
+            self.others = live
+            self.n_live = len(self.cohort) + len(live)
+        self.slots = max_num_seqs - self.n_live
+
+    @property
+    def live(self) -> list[SeqView]:
+        """Running sequences, not finished, in admission order."""
+        if self._live is None:
+            self._live = [s for s in self.view.running if not s.finished]
+        return self._live
 
     # -- primitives -------------------------------------------------------
     def _try(self, seq: SeqView, q: int) -> bool:
@@ -108,10 +135,23 @@ class StepBuilder:
         while one cannot grow, preempt the most recently admitted sequence not
         yet scheduled; if that victim is the sequence itself, stop there.
         """
+        if self._cohort_decodes():
+            return
         # decodes: a token generated and exactly one pending (not in_prefill)
         decodes = [s for s in self.live if s.num_generated and s.num_tokens - s.num_computed == 1]
         if self._all_decodes_fit(decodes):
             return
+        co = self.cohort
+        whole = co is not None and not self.num_tokens and len(decodes) == len(co)
+        self._decode_or_preempt(decodes)
+        if whole and self.num_tokens:
+            # NOTE: when every member that was not preempted decodes, the plan still
+            # decodes the cohort (the engine takes the preempted members out first)
+            gone = set(self.preempted)
+            if len(self.num_tokens) == sum(1 for s in decodes if s.rid not in gone):
+                self._cohort_plan = True
+
+    def _decode_or_preempt(self, decodes: list[SeqView]) -> None:
         for seq in decodes:
             if seq.rid in self.preempted:
                 continue
@@ -122,6 +162,25 @@ class StepBuilder:
                 self._preempt(victim)
                 if victim.rid == seq.rid:
                     return
+
+    def _cohort_decodes(self) -> bool:
+        """:meth:`_all_decodes_fit` over the view's decode cohort, when it holds every
+        running decode and the plan has no rows yet (then it is the plan's first rows)."""
+        co = self.cohort
+        if co is None or self.num_tokens or self.preempted or self.budget < len(co) or any(
+                s.num_generated and s.num_tokens - s.num_computed == 1 for s in self.others):
+            return False
+        need = co.growth(1)
+        if need > self.free:
+            return False
+        n = len(co)
+        self.free -= need
+        self.budget -= n
+        if n:
+            self.num_tokens = dict.fromkeys(co.rids, 1)
+            self._cohort_plan = True
+        self._decodes = n
+        return True
 
     def _all_decodes_fit(self, decodes: list[SeqView]) -> bool:
         """Fast path: schedule every decode at once when budget and KV cover all.
@@ -156,7 +215,8 @@ class StepBuilder:
         full): callers then admit nobody new, so a stalled prefill is not
         overtaken.
         """
-        for seq in self.live:
+        # (cohort members are plain decodes: the rest of the running sequences suffice)
+        for seq in self.others if self._live is None else self._live:
             if not seq.in_prefill or seq.rid in self.preempted:
                 continue
             if self.budget < 1 or not self._try(seq, min(seq.pending, self.budget)):
@@ -206,6 +266,7 @@ class StepBuilder:
             preempt=preempt,
             release=tuple(self.release),
             reject=self.reject,
-            steady=(steady and 0 < self._decodes == len(self.num_tokens) == len(self.live)
+            steady=(steady and 0 < self._decodes == len(self.num_tokens) == self.n_live
                     and not self.preempted and not self.release and not self.reject),
+            decode_cohort=self._cohort_plan,
         )

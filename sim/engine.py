@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from heapq import heappush
+from itertools import islice
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import simpy
 from simpy.core import NORMAL
 
+from sim.cohort import Cohort
 from sim.kv import PagedKVCache
 from sim.protocols import CostModel, Policy
 from sim.records import ItlLog, StepLog
@@ -65,17 +67,29 @@ class PolicyError(RuntimeError):
 
 
 class _View:
-    """The read-only window a policy gets onto its replica."""
+    """The read-only window a policy gets onto its replica.
 
-    __slots__ = ("_env", "waiting", "running", "kv", "max_model_len")
+    With a decode cohort (sim.cohort), ``cohort`` is it and ``others`` the
+    running sequences outside it (admission order); reading ``running``
+    brings the members' attributes up to date first.
+    """
 
-    def __init__(self, env, waiting, running, kv, max_model_len) -> None:
-        self._env, self.waiting, self.running = env, waiting, running
+    __slots__ = ("_env", "waiting", "_running", "kv", "max_model_len", "cohort", "others")
+
+    def __init__(self, env, waiting, running, kv, max_model_len, cohort=None, others=None) -> None:
+        self._env, self.waiting, self._running = env, waiting, running
         self.kv, self.max_model_len = kv, max_model_len
+        self.cohort, self.others = cohort, others
 
     @property
     def now(self) -> float:
         return self._env.now
+
+    @property
+    def running(self) -> list:
+        if self.cohort is not None and self.cohort.stale:
+            self.cohort.sync()
+        return self._running
 
 
 class Replica:
@@ -89,7 +103,16 @@ class Replica:
         self.running: list[Seq] = []
         self.seqs: dict[int, Seq] = {}
         self.steps, self.itl = steps, itl
-        self.view = _View(env, self.waiting, self.running, kv, max_model_len)
+        # NOTE: a policy that plans BatchPlan.decode_cohort (StepBuilder's) gets its running
+        # decodes kept as columns (sim.cohort); not for subclasses that price steps themselves
+        # (the reference executor reads every row) nor with a prefix cache
+        self._cohort: Cohort | None = None
+        self._others: list[Seq] = []  # running, not in the cohort, admission order
+        if getattr(policy, "decode_cohort", False) and type(kv) is PagedKVCache and type(self).price is Replica.price:
+            self._cohort = Cohort(kv)
+        self._admissions = 0
+        self.view = _View(env, self.waiting, self.running, kv, max_model_len, self._cohort,
+                          self._others if self._cohort is not None else None)
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
         self.outstanding = 0  # admitted to this replica and not yet done
@@ -220,14 +243,43 @@ class Replica:
         yield self.env.any_of(events)
         self._wake = None
 
+    def sync(self) -> None:
+        """Bring every running sequence's attributes up to date (sim.cohort)."""
+        if self._cohort is not None:
+            self._cohort.sync()
+
+    def _dissolve_if_named(self, plan: BatchPlan) -> None:
+        """Dissolve the cohort when a plan names a member other than by decoding the
+        cohort; a plan that decodes it takes its preempted members out first."""
+        co, seqs = self._cohort, self.seqs
+        if plan.decode_cohort:
+            out = [rid for rid in plan.preempt if seqs[rid].in_cohort]
+            if out:
+                self._others.extend(co.remove(np.isin(co.rid, out)))  # (the preemption takes them out)
+            if len(plan.num_tokens) < len(co):
+                raise PolicyError(f"{self.policy.name}: a decode_cohort plan has fewer rows than the cohort")
+            if any(seqs[rid].in_cohort for rid in islice(plan.num_tokens, len(co), None)) \
+                    or any(seqs[rid].in_cohort for rid in plan.release):
+                raise PolicyError(f"{self.policy.name}: a decode_cohort plan names a member twice")
+            return
+        if any(seqs[rid].in_cohort for rid in plan.num_tokens) or any(seqs[rid].in_cohort for rid in plan.preempt) \
+                or any(seqs[rid].in_cohort for rid in plan.release):
+            co.clear()
+            self._others[:] = self.running
+
     def _admit(self, plan: BatchPlan) -> int:
         """Apply release, reject, preempt, then admit and grow KV."""
         now, seqs, kv = self.env.now, self.seqs, self.kv
+        co = self._cohort
+        if co is not None and co.seqs:
+            self._dissolve_if_named(plan)
         for rid in plan.release:
             seq = seqs.pop(rid)
             if not seq.finished:
                 raise PolicyError(f"{self.policy.name}: released rid {rid} has not finished")
             self.running.remove(seq)
+            if co is not None:
+                self._others.remove(seq)
             seq.is_running = False
             kv.free(rid)
             if plan.complete_on_release:
@@ -246,16 +298,25 @@ class Replica:
                     raise PolicyError(f"{self.policy.name}: preempted rid {seq.rid} is not running")
                 seq.is_running = False
                 self.running.remove(seq)
+                if co is not None:
+                    self._others.remove(seq)
                 kv.free(seq.rid)
                 seq.num_computed = 0
                 seq.num_preemptions += 1
             self.waiting.extendleft(reversed(victims))
-        admitted = [s for s in map(seqs.__getitem__, plan.num_tokens) if not s.is_running]
+        rows = islice(plan.num_tokens, len(co), None) if plan.decode_cohort else plan.num_tokens
+        admitted = [s for s in map(seqs.__getitem__, rows) if not s.is_running]
         self._take_from_waiting(admitted)
+        order = self._admissions
         for seq in admitted:
             seq.is_running = True
+            seq.order = order
+            order += 1
             if seq.admitted is None:
                 seq.admitted = now
+        self._admissions = order
+        if co is not None:
+            self._others.extend(admitted)
         if kv.prefix_caching:
             # NOTE: pin every admission's cached prefix before any allocation,
             # so one admission's eviction can't take what peek promised another.
@@ -290,7 +351,15 @@ class Replica:
         held = kv._held if type(kv) is PagedKVCache else None
         bs = kv.block_size
         ctx, sampled = [], 0
-        for rid, q in plan.num_tokens.items():
+        rows = plan.num_tokens.items()
+        co = self._cohort if plan.decode_cohort else None
+        if co is not None:  # the cohort's rows: one token each over its contexts
+            k = len(co)
+            if reserve or plan.padding or plan.context:
+                raise PolicyError(f"{self.policy.name}: a decode_cohort plan reserves KV or pads")
+            co.grant_step()
+            rows = islice(rows, k, None)
+        for rid, q in rows:
             seq = seqs[rid]
             c = seq.num_computed
             total = c + q
@@ -305,8 +374,15 @@ class Replica:
             if c + q == seq.num_tokens:
                 sampled += 1
         n, pad, billed = len(ctx), plan.padding, plan.context
-        q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
-        kv_arr = np.array(ctx, dtype=np.int64)
+        if co is not None:
+            q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n + k)
+            if k and (q_arr[:k] != 1).any():
+                raise PolicyError(f"{self.policy.name}: a decode_cohort plan gives a member more than one token")
+            kv_arr = np.concatenate((co.ctx, np.array(ctx, dtype=np.int64))) if ctx else co.ctx
+            sampled += k
+        else:
+            q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
+            kv_arr = np.array(ctx, dtype=np.int64)
         if not pad and not billed:
             return StepShape(q=q_arr, kv=kv_arr, sampled=sampled), None
         useful = StepShape(q=q_arr, kv=kv_arr, sampled=sampled)
@@ -321,7 +397,15 @@ class Replica:
         now, seqs = self.env.now, self.seqs
         prefix = self.kv.prefix_caching
         done, gap_rids, gaps = [], [], []
-        for rid, q in plan.num_tokens.items():
+        rows = plan.num_tokens.items()
+        co = self._cohort
+        if co is not None and plan.decode_cohort:
+            k = len(co)
+            if k:
+                self._advance_cohort(co, now, done, plan.hold_finished)
+            rows = islice(rows, k, None)
+        joined = [] if co is not None else None
+        for rid, q in rows:
             seq = seqs[rid]
             c = seq.num_computed + q
             seq.num_computed = c
@@ -348,6 +432,8 @@ class Replica:
                 seq.completion = now
                 if not plan.hold_finished:
                     done.append(seq)
+            elif joined is not None:
+                joined.append(seq)  # a plain decode from now on
         if gaps:
             self.itl.extend(gap_rids, gaps)
         if done:
@@ -357,6 +443,27 @@ class Replica:
                 self.kv.free(seq.rid)
                 del seqs[seq.rid]
             self.outstanding -= len(done)
+            if co is not None:
+                self._others[:] = [s for s in self._others if s.is_running]
+        if joined:
+            co.join(joined)  # (any that hold extra KV stay outside)
+            self._others[:] = [s for s in self._others if not s.in_cohort]
+
+    def _advance_cohort(self, co: Cohort, now: float, done: list, hold: bool) -> None:
+        """A step decoded the whole cohort: ``_advance``'s per-row updates, as columns."""
+        gaps = now - co.last
+        self.itl.extend(co.rid, gaps.tolist())
+        np.maximum(co.mx, gaps, out=co.mx)
+        co.last.fill(now)
+        co.advance(1)
+        if co.d >= co.min_end:
+            if hold:
+                raise PolicyError(f"{self.policy.name}: a decode_cohort plan holds finished sequences")
+            for seq in co.finish():
+                seq.finished = True
+                seq.status = COMPLETED
+                seq.completion = now
+                done.append(seq)
 
     # -- fast-forward ---------------------------------------------------------
     # NOTE: a run of k steady steps is one SimPy timeout. Steps 0..k-2 are
@@ -400,18 +507,23 @@ class Replica:
             est = self._step_s = cost0.seconds
         if not est > 0 or t_stop - start < 2 * est:
             return None, cost0
-        seqs = self.seqs
-        rows = [seqs[rid] for rid in plan.num_tokens]
+        co = self._cohort if plan.decode_cohort else None
         k = self._MAX_RUN
-        for s in rows:
-            # (with one pending token and one scheduled, every row is q = 1 over
-            # kv = num_computed >= 1: it has generated, so num_tokens >= 2)
-            if s.num_tokens - s.num_computed != 1 or s.last_token is None:
-                raise PolicyError(f"{self.policy.name}: a steady plan schedules rid {s.rid}, "
-                                  "which is not decoding")
-            left = s.output_tokens - s.num_generated  # the run ends with the first completion
-            if left < k:
-                k = left
+        if co is not None and len(co) == n_rows:  # the cohort's columns (sim.cohort)
+            rows = None
+            k = min(k, co.min_end - co.d)
+        else:
+            co, seqs = None, self.seqs
+            rows = [seqs[rid] for rid in plan.num_tokens]
+            for s in rows:
+                # (with one pending token and one scheduled, every row is q = 1 over
+                # kv = num_computed >= 1: it has generated, so num_tokens >= 2)
+                if s.num_tokens - s.num_computed != 1 or s.last_token is None:
+                    raise PolicyError(f"{self.policy.name}: a steady plan schedules rid {s.rid}, "
+                                      "which is not decoding")
+                left = s.output_tokens - s.num_generated  # the run ends with the first completion
+                if left < k:
+                    k = left
         if k < 2:
             return None, cost0
         t_price = t_stop
@@ -457,11 +569,14 @@ class Replica:
             return None, costs.step(0)
         # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
         kv, bs = self.kv, self.kv.block_size
-        n = len(rows)
-        held_of = kv._held
-        c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=n)
-        held = np.fromiter((held_of[s.rid] for s in rows), dtype=np.int64, count=n)
-        first = held * bs - c  # first step at which a row outgrows what it holds (>= 1)
+        if co is not None:  # (members hold exactly their tokens' blocks, step 0's granted)
+            first = -(co.ctx + 1) % bs + 1
+        else:
+            n = len(rows)
+            held_of = kv._held
+            c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=n)
+            held = np.fromiter((held_of[s.rid] for s in rows), dtype=np.int64, count=n)
+            first = held * bs - c  # first step at which a row outgrows what it holds (>= 1)
         grow = None
         if int(first.min()) < k:
             if through:
@@ -491,7 +606,10 @@ class Replica:
             grow = grow[:k]
             if not grow[k - 1]:
                 grow = None
-        if grow is not None and not trunc:
+        if co is not None:
+            if not trunc:  # (as below)
+                co.grant(k, int(grow[k - 1]) if grow is not None else 0)
+        elif grow is not None and not trunc:
             # grant the whole run's KV now (step k-1 holds c + k tokens): without
             # fast-forward, a request arriving during the last step would see it
             # all granted too
@@ -540,11 +658,15 @@ class Replica:
         m = k - 1  # steps applied here
         if not m:  # cut to its first step (_truncate): nothing to apply in bulk
             return shape, c.step(0), float(run.use_flops[0]), run.start
-        n = len(rows)
+        co = self._cohort if rows is None else None
+        n = len(rows) if co is None else len(co)
         # NOTE: KV for the whole run was granted when it started (_decode_run),
         # or is now for a run that arrivals could cut.
-        if run.truncatable and run.grow is not None:
-            self._grant(run.rows, run.k)
+        if run.truncatable:
+            if co is not None:
+                co.grant(k, int(run.grow[k - 1]) if run.grow is not None else 0)
+            elif run.grow is not None:
+                self._grant(run.rows, run.k)
         used = self.kv.used_blocks
         if run.grow is not None:
             used = used - int(run.grow[m]) + run.grow[:m]
@@ -562,22 +684,27 @@ class Replica:
             used, waiting, len(self.running), 0, count=m,
         )
         # inter-token gaps: step 0 from each row's last token, then one gap per step for all
-        last = np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
+        last = co.last if co is not None else np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
         gap0 = ends[0] - last
         gaps = ends[1:m] - ends[: m - 1]
-        rids = np.fromiter(plan.num_tokens, dtype=np.int64, count=n)
+        rids = co.rid if co is not None else np.fromiter(plan.num_tokens, dtype=np.int64, count=n)
         self.itl.extend(np.tile(rids, m), np.concatenate((gap0, np.repeat(gaps, n))))
         top = float(gaps.max()) if len(gaps) else -math.inf
         t_last = float(ends[m - 1])
-        for s, g in zip(rows, gap0.tolist()):
-            s.num_computed += m
-            s.num_tokens += m
-            s.num_generated += m
-            s.last_token = t_last
-            if top > g:
-                g = top
-            if g > s.max_itl:
-                s.max_itl = g
+        if co is not None:
+            co.advance(m)
+            co.last.fill(t_last)
+            np.maximum(co.mx, np.maximum(gap0, top), out=co.mx)
+        else:
+            for s, g in zip(rows, gap0.tolist()):
+                s.num_computed += m
+                s.num_tokens += m
+                s.num_generated += m
+                s.last_token = t_last
+                if top > g:
+                    g = top
+                if g > s.max_itl:
+                    s.max_itl = g
         busy = self.busy_s
         for x in c.seconds[:m].tolist():
             busy += x
@@ -613,6 +740,12 @@ class Cluster:
             r._share = len(self.replicas)
             r._kv_observed = getattr(route, "reads_kv", True)
         env.process(self._arrivals())
+
+    def sync(self) -> None:
+        """Bring every request's attributes up to date (after ``env.run``: sim.cohort keeps
+        running decodes' counters as columns until asked)."""
+        for r in self.replicas:
+            r.sync()
 
     def arrival_times(self, lo: float, hi: float) -> np.ndarray:
         """Arrival times in ``(lo, hi]`` (for runs that go through arrivals)."""

@@ -141,6 +141,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         for r in replicas:
             r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s, cluster.arrival_times)
     env.run(until=scenario.horizon_s)
+    cluster.sync()  # running sequences' attributes up to date (sim.cohort)
     requests = request_frame(cluster.requests)
     _check_conservation(requests, parts.workload, scenario.horizon_s)
     _check_unfinished_are_held(cluster)

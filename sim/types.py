@@ -98,6 +98,10 @@ class BatchPlan:
       arrivals do not change these decodes either (a padded batch decodes to
       its end whatever joins the queue), so a run is not cut when a request
       arrives.
+    - ``decode_cohort``: the first rows of ``num_tokens`` are exactly the
+      replica's decode cohort (``view.cohort``: its running plain decodes),
+      one token each, in cohort order, so the engine may apply them as
+      columns (sim.cohort). Set by :class:`policies.step.StepBuilder`.
     """
 
     num_tokens: Mapping[int, int] = field(default_factory=dict)
@@ -112,6 +116,7 @@ class BatchPlan:
     idle_until: float | None = None
     steady: bool = False
     steady_through_arrivals: bool = False
+    decode_cohort: bool = False
 
     @property
     def total_tokens(self) -> int:

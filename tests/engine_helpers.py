@@ -50,6 +50,7 @@ def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_bl
         for r in reps:
             r.enable_fast_forward(lambda: cluster.next_arrival, horizon, cluster.arrival_times)
     env.run(until=horizon)
+    cluster.sync()
     return request_frame(cluster.requests), steps.frame(), itl.frame(), cluster
 
 

@@ -1,0 +1,175 @@
+"""The decode cohort (sim.cohort): running decodes kept as columns give the same
+records, byte for byte, as one Seq at a time.
+
+Like fast-forward, the cohort is an optimisation with no semantic freedom:
+the reference is the same engine with the policies' ``decode_cohort`` off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import policies
+from policies.chunked_prefill import ChunkedPrefillPolicy
+from policies.continuous import ContinuousPolicy
+from sim.cohort import Cohort
+from sim.engine import Replica
+from sim.kv import PagedKVCache
+from sim.state import Seq
+from tests.engine_helpers import run_engine, workload
+from tests.test_fast_forward import _TINY_COST, POLICIES, _canonical, _outputs, _scenario
+from tests.test_properties import workloads
+
+
+@pytest.fixture
+def cohort_off(monkeypatch):
+    def off():
+        monkeypatch.setattr(ContinuousPolicy, "decode_cohort", False)
+        monkeypatch.setattr(ChunkedPrefillPolicy, "decode_cohort", False)
+    return off
+
+
+@pytest.fixture
+def cohort_steps(monkeypatch):
+    """Counts steps applied through the cohort's columns."""
+    seen = [0]
+    real = Replica._advance_cohort
+
+    def counted(self, *a):
+        seen[0] += 1
+        return real(self, *a)
+    monkeypatch.setattr(Replica, "_advance_cohort", counted)
+    return seen
+
+
+CASES = [
+    ("continuous", {}), ("continuous_mixed", {}), ("chunked_prefill", {}),
+    ("continuous", {"fast_forward": False}), ("chunked_prefill", {"fast_forward": False}),
+    ("continuous", {"replicas": 3, "router": "least_kv"}),
+    ("chunked_prefill", {"replicas": 2, "router": "least_outstanding"}),
+    ("continuous", {"horizon_s": 14.0}), ("chunked_prefill", {"horizon_s": 9.0}),
+]
+
+
+@pytest.mark.parametrize("policy,extra", CASES, ids=[f"{p}-{'-'.join(e) or 'r1'}" for p, e in CASES])
+def test_cohort_on_and_off_write_identical_outputs(policy, extra, tmp_path, cohort_off, cohort_steps):
+    raw = _scenario(POLICIES[policy], **{k: v for k, v in extra.items() if k != "fast_forward"})
+    ff = extra.get("fast_forward", True)
+    on, r_on = _outputs(raw, ff, tmp_path, "on")
+    used = cohort_steps[0]
+    cohort_off()
+    off, r_off = _outputs(raw, ff, tmp_path, "off")
+    assert cohort_steps[0] == used  # off really is off
+    rounds = r_on.engine["steps"] - r_on.engine["fast_forward_steps"]  # (a run ends in one _advance)
+    assert used > 0.3 * rounds, (used, r_on.engine)  # and on was exercised
+    assert set(on) == set(off)
+    for name in off:
+        assert on[name] == off[name], name
+    if not extra:
+        assert r_on.summary["preemptions"] > 0  # KV pressure was real (preempted members)
+
+
+CONTINUOUS_SPECS = st.one_of(
+    st.builds(lambda n, t, m: {"name": "continuous", "max_num_seqs": n, "max_num_batched_tokens": max(t, n),
+                               "prefill_mode": m},
+              st.integers(1, 12), st.integers(8, 600), st.sampled_from(["separate", "mixed"])),
+    st.builds(lambda n, t: {"name": "chunked_prefill", "max_num_seqs": n, "max_num_batched_tokens": max(t, n)},
+              st.integers(1, 12), st.integers(4, 300)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=CONTINUOUS_SPECS, wl=workloads(), blocks=st.integers(8, 120), bs=st.sampled_from([4, 8, 16]),
+       horizon=st.sampled_from([None, None, 0.7, 3.0]), replicas=st.sampled_from([1, 1, 2]),
+       router=st.sampled_from(["round_robin", "least_kv", "least_outstanding"]), ff=st.booleans())
+def test_cohort_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, replicas, router, ff):
+    outs = []
+    for on in (True, False):
+        ContinuousPolicy.decode_cohort = ChunkedPrefillPolicy.decode_cohort = on
+        try:
+            req, steps, itl, _ = run_engine(
+                lambda: policies.create_policy(spec), wl, cost=_TINY_COST, kv_blocks=blocks, block_size=bs,
+                horizon=horizon, replicas=replicas, router=router, fast_forward=ff)
+        finally:
+            ContinuousPolicy.decode_cohort = ChunkedPrefillPolicy.decode_cohort = True
+        outs.append(_canonical(req, steps, itl))
+    assert outs[0] == outs[1]
+
+
+# -- the columns themselves --------------------------------------------------------------------------
+
+def _decoder(kv: PagedKVCache, rid: int, order: int, computed: int, generated: int = 1, out: int = 50) -> Seq:
+    s = Seq(rid, 0.0, computed + 1 - generated, out)
+    s.num_computed, s.num_tokens, s.num_generated = computed, computed + 1, generated
+    s.last_token, s.max_itl, s.order = 0.5 + rid, 0.01 * rid, order
+    kv.grow(rid, computed)
+    return s
+
+
+def test_members_keep_admission_order_and_sync_back():
+    kv = PagedKVCache(1000, 4)
+    co = Cohort(kv)
+    a, b, c = _decoder(kv, 10, 0, 7), _decoder(kv, 11, 1, 8), _decoder(kv, 12, 2, 9)
+    co.join([c])
+    co.join([a, b])  # admitted earlier, finished their prompts later
+    assert co.rids == [10, 11, 12] and co.rid.tolist() == [10, 11, 12]
+    assert all(s.in_cohort for s in (a, b, c))
+    # growth for one more token: the member at 8 tokens (a multiple of 4) needs a block
+    assert co.growth(1) == kv.growth_needed([a, b, c], 1) == 1
+    assert co.growth(3) == kv.growth_needed([a, b, c], 3)
+    used = kv.used_blocks
+    co.grant_step()
+    assert kv.used_blocks == used + 1
+    co.advance(1)
+    assert co.stale and a.num_computed == 7  # the Seq lags until synced
+    co.sync()
+    assert (a.num_computed, a.num_tokens, a.num_generated) == (8, 9, 2)
+    assert [kv.blocks_held(s) for s in (a, b, c)] == [2, 3, 3]
+    assert kv.used_blocks == sum(kv.blocks_held(s) for s in (a, b, c))
+
+
+def test_remove_returns_members_synced_and_updates_phases():
+    kv = PagedKVCache(1000, 4)
+    co = Cohort(kv)
+    seqs = [_decoder(kv, r, r, 4 + r, out=3 + r) for r in range(6)]
+    co.join(seqs)
+    assert co.min_end == 2  # rid 0 has 2 tokens left
+    co.grant_step()
+    co.advance(1)
+    out = co.remove(np.isin(co.rid, [0, 3]))
+    assert [s.rid for s in out] == [0, 3] and not out[0].in_cohort
+    assert out[0].num_computed == 5 and out[0].num_generated == 2
+    assert co.rids == [1, 2, 4, 5] and co.min_end == 3
+    rest = [s for s in seqs if s.in_cohort]
+    co.sync()
+    assert co.growth(1) == kv.growth_needed(rest, 1)
+
+
+def test_a_sequence_holding_extra_kv_stays_outside():
+    kv = PagedKVCache(1000, 4)
+    co = Cohort(kv)
+    s = _decoder(kv, 1, 0, 5)
+    kv.grow(1, 40)  # a reservation beyond its tokens
+    assert co.join([s]) == [s]
+    assert len(co) == 0 and not s.in_cohort
+
+
+def test_a_policy_reading_running_sees_current_counters():
+    """A policy that reads ``view.running`` gets synced sequences mid-run."""
+    seen = []
+
+    class Peeking(ContinuousPolicy):
+        def schedule(self, view):
+            plan = super().schedule(view)
+            for s in view.running:
+                seen.append((s.num_computed, s.num_tokens, s.num_generated))
+                assert s.num_tokens - s.num_computed >= 1
+            return plan
+
+    wl = workload([0.0, 0.0, 0.01], [30, 50, 20], [40, 12, 25])
+    run_engine(lambda: Peeking(Peeking.Config(name="continuous")), wl, cost=_TINY_COST, kv_blocks=64,
+               block_size=8)
+    assert max(g for _, _, g in seen) >= 39  # counters advanced while in the cohort
