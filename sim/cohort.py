@@ -113,7 +113,7 @@ class Cohort:
                                 axis=1)
         for s in fit:
             s.in_cohort = True
-        if not self.seqs or (order[0] > self.ints[1, -1] and all(a < b for a, b in zip(order, order[1:]))):
+        if all(a < b for a, b in zip(order, order[1:])) and (not self.seqs or order[0] > self.ints[1, -1]):
             self.ints, self.floats = ints, floats
             self.seqs += fit
             self.rids += rids

@@ -20,7 +20,7 @@ from sim.engine import Replica
 from sim.kv import PagedKVCache
 from sim.state import Seq
 from tests.engine_helpers import run_engine, workload
-from tests.test_fast_forward import _TINY_COST, POLICIES, _canonical, _outputs, _scenario
+from tests.test_fast_forward import _TINY_COST, POLICIES, _outputs, _scenario
 from tests.test_properties import workloads
 
 
@@ -95,8 +95,65 @@ def test_cohort_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, repl
                 horizon=horizon, replicas=replicas, router=router, fast_forward=ff)
         finally:
             ContinuousPolicy.decode_cohort = ChunkedPrefillPolicy.decode_cohort = True
-        outs.append(_canonical(req, steps, itl))
+        # (records in engine order: the cohort changes no event, so not even the order)
+        outs.append((req.to_csv(), steps.to_csv(), itl.to_csv()))
     assert outs[0] == outs[1]
+
+
+class AdmitFirst(ContinuousPolicy):
+    """Opts in, but admits before it decodes: its decode plans name members one by one
+    whenever it admits, which dissolves the cohort (then decodes rejoin)."""
+
+    def schedule(self, view):
+        from policies.step import StepBuilder
+
+        cfg = self.config
+        step = StepBuilder(view, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        step.admit(list(view.waiting), chunked=False)
+        step.schedule_decodes()
+        return step.plan(steady=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wl=workloads(), blocks=st.integers(8, 120), bs=st.sampled_from([4, 8, 16]), ff=st.booleans(),
+       seqs=st.integers(2, 10))
+def test_a_cohort_dissolved_by_a_plan_rejoins_exactly(wl, blocks, bs, ff, seqs):
+    outs = []
+    cleared = [0]
+    real = Cohort.clear
+
+    def counted(self):
+        cleared[0] += 1
+        return real(self)
+    Cohort.clear = counted
+    try:
+        for on in (True, False):
+            AdmitFirst.decode_cohort = on
+            req, steps, itl, _ = run_engine(
+                lambda: AdmitFirst(AdmitFirst.Config(name="continuous", max_num_seqs=seqs, prefill_mode="mixed")),
+                wl, cost=_TINY_COST, kv_blocks=blocks, block_size=bs, fast_forward=ff)
+            # (one replica: records in engine order, so a row order within a step counts too)
+            outs.append((req.to_csv(), steps.to_csv(), itl.to_csv()))
+    finally:
+        Cohort.clear = real
+        AdmitFirst.decode_cohort = True
+    assert outs[0] == outs[1]
+
+
+def test_the_dissolving_policy_does_dissolve():
+    wl = workload(np.arange(12) * 0.05, [40 + 7 * i for i in range(12)], [30 - i for i in range(12)])
+    real, cleared = Cohort.clear, [0]
+
+    def counted(self):
+        cleared[0] += 1
+        return real(self)
+    Cohort.clear = counted
+    try:
+        run_engine(lambda: AdmitFirst(AdmitFirst.Config(name="continuous", max_num_seqs=6, prefill_mode="mixed")),
+                   wl, cost=_TINY_COST, kv_blocks=200, block_size=8)
+    finally:
+        Cohort.clear = real
+    assert cleared[0] > 0
 
 
 # -- the columns themselves --------------------------------------------------------------------------
@@ -129,6 +186,15 @@ def test_members_keep_admission_order_and_sync_back():
     assert (a.num_computed, a.num_tokens, a.num_generated) == (8, 9, 2)
     assert [kv.blocks_held(s) for s in (a, b, c)] == [2, 3, 3]
     assert kv.used_blocks == sum(kv.blocks_held(s) for s in (a, b, c))
+
+
+def test_joining_out_of_order_into_an_empty_cohort_sorts_by_admission():
+    # after a dissolve, a plan lists decodes before an older row finishing its chunked prompt
+    kv = PagedKVCache(1000, 4)
+    co = Cohort(kv)
+    co.join([_decoder(kv, 7, 5, 9), _decoder(kv, 3, 2, 6), _decoder(kv, 4, 3, 6)])
+    assert co.rids == [3, 4, 7] and co.ints[1].tolist() == [2, 3, 5]
+    assert [s.rid for s in co.seqs] == [3, 4, 7]
 
 
 def test_remove_returns_members_synced_and_updates_phases():
