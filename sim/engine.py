@@ -509,11 +509,13 @@ class Replica:
             return None, cost0
         co = self._cohort if plan.decode_cohort else None
         k = self._MAX_RUN
-        if co is not None and len(co) == n_rows:  # the cohort's columns (sim.cohort)
+        if co is not None:  # the cohort's columns (sim.cohort); its members' Seqs lag
+            if len(co) != n_rows:
+                return None, cost0
             rows = None
             k = min(k, co.min_end - co.d)
         else:
-            co, seqs = None, self.seqs
+            seqs = self.seqs
             rows = [seqs[rid] for rid in plan.num_tokens]
             for s in rows:
                 # (with one pending token and one scheduled, every row is q = 1 over
