@@ -201,28 +201,39 @@ class RooflineCostModel:
         n = q.shape[0]
         if n == 0:
             return _ZERO
-        if q.dtype == _I64 and q.tobytes() == (_ONES.get(n) or _ones(n)):
-            T, ones = n, True  # what the reductions below find for all-ones rows, without reducing
-        else:
-            T = int(_sum(q))
-            if T == 0:  # only billed-but-empty rows: nothing runs
+        sums = shape.sums
+        if sums is not None:  # (the engine's own row sums: the same integers as below)
+            T, n_dec, ctx_dec, qkv, qq, kv_read = sums
+            if T == 0:
                 return _ZERO
-            ones = T == n and _max(q) == 1
-        if ones:
-            # NOTE: fast path, every row is one token (decodes, and 1-token prompts with kv == 0);
-            # four reductions instead of nine, which is most of a decode step's price.
-            n_dec = int(_nonzero(kv))
-            ctx_dec = int(_sum(kv)) + n_dec
-            pairs = pre_kv = float(n - n_dec)
+            if T == n and qq == n:  # every row one token: the fast path's expressions
+                pairs = pre_kv = float(n - n_dec)
+            else:
+                pairs = (2 * qkv + qq + T) / 2.0 - ctx_dec
+                pre_kv = kv_read + T - ctx_dec
         else:
-            kv1 = kv[q == 1]
-            n_dec = int(_nonzero(kv1))
-            ctx_dec = int(_sum(kv1)) + n_dec
-            # sum over rows of q*(2kv+q+1) = 2 * causal pairs; a decode row contributes 2*(kv+1)
-            pairs = (2 * int(_dot(q, kv)) + int(_dot(q, q)) + T) / 2.0 - ctx_dec
-            # rows with q == 0 (billed padding) compute nothing and read no KV
-            kv_read = _sum(kv) if _nonzero(q) == n else _sum(kv[q > 0])
-            pre_kv = int(kv_read) + T - ctx_dec
+            if q.dtype == _I64 and q.tobytes() == (_ONES.get(n) or _ones(n)):
+                T, ones = n, True  # what the reductions below find for all-ones rows, without reducing
+            else:
+                T = int(_sum(q))
+                if T == 0:  # only billed-but-empty rows: nothing runs
+                    return _ZERO
+                ones = T == n and _max(q) == 1
+            if ones:
+                # NOTE: fast path, every row is one token (decodes, and 1-token prompts with kv == 0);
+                # four reductions instead of nine, which is most of a decode step's price.
+                n_dec = int(_nonzero(kv))
+                ctx_dec = int(_sum(kv)) + n_dec
+                pairs = pre_kv = float(n - n_dec)
+            else:
+                kv1 = kv[q == 1]
+                n_dec = int(_nonzero(kv1))
+                ctx_dec = int(_sum(kv1)) + n_dec
+                # sum over rows of q*(2kv+q+1) = 2 * causal pairs; a decode row contributes 2*(kv+1)
+                pairs = (2 * int(_dot(q, kv)) + int(_dot(q, q)) + T) / 2.0 - ctx_dec
+                # rows with q == 0 (billed padding) compute nothing and read no KV
+                kv_read = _sum(kv) if _nonzero(q) == n else _sum(kv[q > 0])
+                pre_kv = int(kv_read) + T - ctx_dec
         c = self._attn
         if breakdown or c is None:
             return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv)

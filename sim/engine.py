@@ -375,11 +375,25 @@ class Replica:
                 sampled += 1
         n, pad, billed = len(ctx), plan.padding, plan.context
         if co is not None:
-            q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n + k)
-            if k and (q_arr[:k] != 1).any():
-                raise PolicyError(f"{self.policy.name}: a decode_cohort plan gives a member more than one token")
-            kv_arr = np.concatenate((co.ctx, np.array(ctx, dtype=np.int64))) if ctx else co.ctx
-            sampled += k
+            # NOTE: the rows' sums come from the cohort's and the other rows' own numbers, so
+            # the cost model skips its reductions (StepShape.sums); members decode one token
+            qo = list(islice(plan.num_tokens.values(), k, None))
+            kc = co.ctx
+            tot = int(kc.sum())
+            T, nd, cd, qkv, qq = k, k, tot + k, tot, k
+            for q, c in zip(qo, ctx):
+                T += q
+                qkv += q * c
+                qq += q * q
+                tot += c
+                if q == 1 and c > 0:
+                    nd += 1
+                    cd += c + 1
+            q_arr = np.ones(n + k, dtype=np.int64)
+            if qo:
+                q_arr[k:] = qo
+            kv_arr = np.concatenate((kc, np.array(ctx, dtype=np.int64))) if ctx else kc
+            return StepShape(q=q_arr, kv=kv_arr, sampled=sampled + k, sums=(T, nd, cd, qkv, qq, tot)), None
         else:
             q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
             kv_arr = np.array(ctx, dtype=np.int64)
@@ -716,13 +730,20 @@ class Replica:
         return last_shape, c.step(m), float(run.use_flops[m]), t_last
 
     def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
-        useful_q = shape.q[: len(plan.num_tokens)]
-        kv_ctx = shape.kv[: len(plan.num_tokens)]
-        decode = int(((useful_q == 1) & (kv_ctx > 0)).sum())
-        prefill = int(useful_q.sum()) - decode
+        sums = shape.sums
+        if sums is not None:  # (no padding rows then)
+            decode = sums[1]
+            prefill = sums[0] - decode
+            padding = 0
+        else:
+            useful_q = shape.q[: len(plan.num_tokens)]
+            kv_ctx = shape.kv[: len(plan.num_tokens)]
+            decode = int(((useful_q == 1) & (kv_ctx > 0)).sum())
+            prefill = int(useful_q.sum()) - decode
+            padding = int(shape.q.sum()) - prefill - decode
         self.steps.append(
             self.index, start, self.env.now, len(plan.num_tokens), shape.num_rows,
-            prefill, decode, int(shape.q.sum()) - prefill - decode, cost.flops, useful_flops,
+            prefill, decode, padding, cost.flops, useful_flops,
             cost.bytes, cost.compute_s, cost.memory_s, cost.network_s, cost.overhead_s,
             cost.out_of_range, self.kv.used_blocks, len(self.waiting), len(self.running), preempted,
         )

@@ -140,6 +140,10 @@ class StepShape:
     q: np.ndarray  # int64 per row
     kv: np.ndarray  # int64 per row
     sampled: int
+    # Row sums the engine already knows, so the cost model need not reduce the rows again:
+    # (sum q, decode rows, sum of decode rows' kv + decode rows, q.kv, q.q, sum of kv where q > 0).
+    # None: the cost model computes them. Must equal what the rows give.
+    sums: tuple[int, int, int, int, int, int] | None = field(default=None, repr=False)
 
     @property
     def num_rows(self) -> int:

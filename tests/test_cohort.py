@@ -239,3 +239,29 @@ def test_a_policy_reading_running_sees_current_counters():
     run_engine(lambda: Peeking(Peeking.Config(name="continuous")), wl, cost=_TINY_COST, kv_blocks=64,
                block_size=8)
     assert max(g for _, _, g in seen) >= 39  # counters advanced while in the cohort
+
+
+@pytest.mark.parametrize("model,hw,tp", [("llama-3.1-8b", "h100-sxm", 1), ("llama-3-70b", "h200", 4),
+                                         ("mixtral-8x7b", "a100-80gb", 2), ("tiny-llama", "l4", 1)])
+def test_step_sums_price_like_the_rows(model, hw, tp):
+    """StepShape.sums (what the engine knows of a cohort step) prices bit for bit like the rows."""
+    from calibrate.costmodel import RooflineCostModel
+    from calibrate.hardware import load_hardware
+    from calibrate.models import load_model
+    from sim.types import StepShape
+
+    cm = RooflineCostModel(load_model(model), load_hardware(hw), tp=tp)
+    rng = np.random.default_rng(11)
+    for rows in (1, 3, 40, 257):
+        for _ in range(25):
+            dec = rng.integers(0, rows + 1)
+            q = np.ones(rows, dtype=np.int64)
+            q[dec:] = rng.integers(1, 600, rows - dec)  # prefill chunks (some of one token)
+            kv = rng.integers(0, 5000, rows).astype(np.int64)
+            kv[:dec] = np.maximum(kv[:dec], 1)
+            d = (q == 1) & (kv > 0)
+            sums = (int(q.sum()), int(d.sum()), int(kv[d].sum() + d.sum()), int(q @ kv), int(q @ q),
+                    int(kv.sum()))
+            plain = StepShape(q=q, kv=kv, sampled=int(rng.integers(0, rows + 1)))
+            known = StepShape(q=q, kv=kv, sampled=plain.sampled, sums=sums)
+            assert cm.price(known) == cm.price(plain), (rows, dec)
