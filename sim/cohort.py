@@ -36,6 +36,8 @@ from sim.state import Seq
 __all__ = ["Cohort"]
 
 _I8 = np.int64
+_RID, _ORDER, _C0, _END = range(4)  # rows of Cohort.ints
+_LAST, _MX = range(2)  # rows of Cohort.floats
 
 
 class Cohort:
@@ -71,24 +73,21 @@ class Cohort:
     @property
     def ctx(self) -> np.ndarray:
         """Members' computed tokens (a new array)."""
-        return self.ints[2] + self.d
+        return self.ints[_C0] + self.d
 
     @property
     def rid(self) -> np.ndarray:
-        return self.ints[0]
-
-    @property
-    def end(self) -> np.ndarray:
-        """The cohort step count at which each member has generated its whole output."""
-        return self.ints[3]
+        return self.ints[_RID]
 
     @property
     def last(self) -> np.ndarray:
-        return self.floats[0]
+        """Members' last token times (a view: written in place)."""
+        return self.floats[_LAST]
 
     @property
     def mx(self) -> np.ndarray:
-        return self.floats[1]
+        """Members' longest inter-token gaps (a view: written in place)."""
+        return self.floats[_MX]
 
     # -- membership -------------------------------------------------------------
     def join(self, new: list[Seq]) -> list[Seq]:
@@ -113,59 +112,50 @@ class Cohort:
                                 axis=1)
         for s in fit:
             s.in_cohort = True
-        if all(a < b for a, b in zip(order, order[1:])) and (not self.seqs or order[0] > self.ints[1, -1]):
+        if all(a < b for a, b in zip(order, order[1:])) and (not self.seqs or order[0] > self.ints[_ORDER, -1]):
             self.ints, self.floats = ints, floats
             self.seqs += fit
             self.rids += rids
             return rest
         # NOTE: a sequence admitted earlier may finish its prompt later (chunks): insert in order
         seqs = self.seqs + fit
-        perm = np.argsort(ints[1], kind="stable")
+        perm = np.argsort(ints[_ORDER], kind="stable")
         self.ints, self.floats = ints[:, perm], floats[:, perm]
         self.seqs = [seqs[i] for i in perm.tolist()]
-        self.rids = self.ints[0].tolist()
+        self.rids = self.ints[_RID].tolist()
         return rest
 
     def remove(self, mask: np.ndarray) -> list[Seq]:
         """Take out the members where ``mask``; returns them, synced, in cohort order."""
-        idx = np.flatnonzero(mask)
-        at = idx.tolist()
-        out = [self.seqs[i] for i in at]
-        self._write(out, idx)
-        bs, counts = self.bs, self.counts
-        for c in self.ints[2, idx].tolist():
-            counts[-c % bs] -= 1
-        keep = ~mask
-        self.ints, self.floats = self.ints[:, keep], self.floats[:, keep]
-        for i in reversed(at):
-            del self.seqs[i]
-            del self.rids[i]
-        self.min_end = int(self.ints[3].min()) if self.seqs else _NEVER
-        for s in out:
-            s.in_cohort = False
-        return out
+        idx, keep = np.flatnonzero(mask), ~mask
+        return self._take(idx.tolist(), idx, lambda a: a[:, keep])
 
     def finish(self) -> list[Seq]:
         """Take out the members that have generated their whole output (``d >= end``)."""
-        at = np.flatnonzero(self.ints[3] <= self.d)
+        done = self.ints[_END] <= self.d
+        at = np.flatnonzero(done)
         if len(at) != 1:
-            return self.remove(self.ints[3] <= self.d)
-        # NOTE: the usual case, one at a time: slices instead of masks (~3x cheaper)
+            return self.remove(done)
+        # NOTE: the usual case, one at a time: slices instead of a mask (~3x cheaper)
         i = int(at[0])
-        s = self.seqs.pop(i)
-        del self.rids[i]
-        d, ints, floats = self.d, self.ints, self.floats
-        c0, e = ints[2:4, i].tolist()
-        s.max_itl, s.last_token = floats[1, i].item(), floats[0, i].item()
-        c = c0 + d
-        s.num_computed, s.num_tokens, s.num_generated = c, c + 1, s.output_tokens - (e - d)
-        self.kv._held[s.rid] = -(-(c + self.pending) // self.bs)
-        self.counts[-c0 % self.bs] -= 1
-        self.ints = np.concatenate((ints[:, :i], ints[:, i + 1:]), axis=1)
-        self.floats = np.concatenate((floats[:, :i], floats[:, i + 1:]), axis=1)
-        self.min_end = int(self.ints[3].min()) if self.seqs else _NEVER
-        s.in_cohort = False
-        return [s]
+        return self._take([i], slice(i, i + 1), lambda a: np.concatenate((a[:, :i], a[:, i + 1:]), axis=1))
+
+    def _take(self, at: list[int], idx, keep) -> list[Seq]:
+        """Members at positions ``at`` (ascending; ``idx`` indexes the same columns) leave,
+        synced; ``keep`` cuts them from a 2-D array."""
+        out = [self.seqs[i] for i in at]
+        self._write(out, idx)
+        bs, counts = self.bs, self.counts
+        for c in self.ints[_C0, idx].tolist():
+            counts[-c % bs] -= 1
+        self.ints, self.floats = keep(self.ints), keep(self.floats)
+        for i in reversed(at):
+            del self.seqs[i]
+            del self.rids[i]
+        self.min_end = int(self.ints[_END].min()) if self.seqs else _NEVER
+        for s in out:
+            s.in_cohort = False
+        return out
 
     def clear(self) -> list[Seq]:
         """Every member leaves (synced); returns them in cohort order."""
@@ -188,7 +178,8 @@ class Cohort:
         d, bs, p = self.d, self.bs, self.pending
         ints, floats = (self.ints, self.floats) if idx is None else (self.ints[:, idx], self.floats[:, idx])
         held_of = self.kv._held
-        for s, c0, e, t, m in zip(seqs, ints[2].tolist(), ints[3].tolist(), *floats.tolist()):
+        for s, c0, e, t, m in zip(seqs, ints[_C0].tolist(), ints[_END].tolist(), floats[_LAST].tolist(),
+                                  floats[_MX].tolist()):
             c = c0 + d
             s.num_computed = c
             s.num_tokens = c + 1
@@ -202,7 +193,7 @@ class Cohort:
         """Blocks the members need to grow by ``extra`` tokens each (``KVView.growth_needed``)."""
         if extra == 1 and not self.pending:
             return self.counts[self.d % self.bs]
-        ctx = self.ints[2] + self.d
+        ctx = self.ints[_C0] + self.d
         need = -(-(ctx + extra) // self.bs) - -(-(ctx + self.pending) // self.bs)
         return int(need[need > 0].sum())
 
