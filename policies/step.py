@@ -90,14 +90,9 @@ class StepBuilder:
                     # should one be left running, let it go rather than leak its KV.
                     self.release.append(seq.rid)
                     self.free += held_blocks(view.kv, seq)
-        if self.cohort is None:
-            self._live: list[SeqView] | None = live
-            self.others = live
-            self.n_live = len(live)
-        else:
-            self._live = None
-            self.others = live
-            self.n_live = len(self.cohort) + len(live)
+        self.others = live
+        self._live: list[SeqView] | None = live if self.cohort is None else None  # (see live)
+        self.n_live = len(live) + (len(self.cohort) if self.cohort is not None else 0)
         self.slots = max_num_seqs - self.n_live
 
     @property
@@ -173,13 +168,8 @@ class StepBuilder:
         need = co.growth(1)
         if need > self.free:
             return False
-        n = len(co)
-        self.free -= need
-        self.budget -= n
-        if n:
-            self.num_tokens = dict.fromkeys(co.rids, 1)
-            self._cohort_plan = True
-        self._decodes = n
+        self._decode_all(co.rids, need)
+        self._cohort_plan = bool(co.rids)
         return True
 
     def _all_decodes_fit(self, decodes: list[SeqView]) -> bool:
@@ -198,15 +188,19 @@ class StepBuilder:
                 else sum(kv.blocks_needed(s, s.num_computed + 1) for s in decodes))
         if need > self.free:
             return False
+        self._decode_all([s.rid for s in decodes], need)
+        return True
+
+    def _decode_all(self, rids: list[int], need: int) -> None:
+        """One token for each of ``rids``, whose KV growth takes ``need`` blocks."""
         self.free -= need
-        self.budget -= len(decodes)
-        rows = dict.fromkeys([s.rid for s in decodes], 1)
+        self.budget -= len(rids)
+        rows = dict.fromkeys(rids, 1)
         if self.num_tokens:
             self.num_tokens.update(rows)
         else:  # (the usual case: decodes are scheduled first)
             self.num_tokens = rows
-        self._decodes = len(decodes)
-        return True
+        self._decodes = len(rids)
 
     def schedule_partial_prefills(self) -> bool:
         """Next chunk, ``min(pending, budget left)``, for each running prefill in admission order.
@@ -215,8 +209,8 @@ class StepBuilder:
         full): callers then admit nobody new, so a stalled prefill is not
         overtaken.
         """
-        # (cohort members are plain decodes: the rest of the running sequences suffice)
-        for seq in self.others if self._live is None else self._live:
+        # (cohort members are plain decodes: the running sequences outside it suffice)
+        for seq in self.others:
             if not seq.in_prefill or seq.rid in self.preempted:
                 continue
             if self.budget < 1 or not self._try(seq, min(seq.pending, self.budget)):

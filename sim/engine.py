@@ -252,18 +252,20 @@ class Replica:
         """Dissolve the cohort when a plan names a member other than by decoding the
         cohort; a plan that decodes it takes its preempted members out first."""
         co, seqs = self._cohort, self.seqs
+
+        def names_member(rids) -> bool:
+            return any(seqs[rid].in_cohort for rid in rids)
+
         if plan.decode_cohort:
             out = [rid for rid in plan.preempt if seqs[rid].in_cohort]
             if out:
                 self._others.extend(co.remove(np.isin(co.rid, out)))  # (the preemption takes them out)
             if len(plan.num_tokens) < len(co):
                 raise PolicyError(f"{self.policy.name}: a decode_cohort plan has fewer rows than the cohort")
-            if any(seqs[rid].in_cohort for rid in islice(plan.num_tokens, len(co), None)) \
-                    or any(seqs[rid].in_cohort for rid in plan.release):
+            if names_member(islice(plan.num_tokens, len(co), None)) or names_member(plan.release):
                 raise PolicyError(f"{self.policy.name}: a decode_cohort plan names a member twice")
             return
-        if any(seqs[rid].in_cohort for rid in plan.num_tokens) or any(seqs[rid].in_cohort for rid in plan.preempt) \
-                or any(seqs[rid].in_cohort for rid in plan.release):
+        if names_member(plan.num_tokens) or names_member(plan.preempt) or names_member(plan.release):
             co.clear()
             self._others[:] = self.running
 
@@ -394,9 +396,8 @@ class Replica:
                 q_arr[k:] = qo
             kv_arr = np.concatenate((kc, np.array(ctx, dtype=np.int64))) if ctx else kc
             return StepShape(q=q_arr, kv=kv_arr, sampled=sampled + k, sums=(T, nd, cd, qkv, qq, tot)), None
-        else:
-            q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
-            kv_arr = np.array(ctx, dtype=np.int64)
+        q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
+        kv_arr = np.array(ctx, dtype=np.int64)
         if not pad and not billed:
             return StepShape(q=q_arr, kv=kv_arr, sampled=sampled), None
         useful = StepShape(q=q_arr, kv=kv_arr, sampled=sampled)
