@@ -78,6 +78,7 @@ class StepBuilder:
         self.reject: dict[int, str] = {}
         self._decodes = -1  # how many decodes the fast path scheduled (-1: it did not)
         self._cohort_plan = False  # the plan's first rows are the whole cohort
+        self._victims: tuple[int, ...] | None = None  # preempted, by admission order (_cohort_preempt)
         self.cohort = getattr(view, "cohort", None)
         # running, not finished, in admission order (with a cohort: outside it; the
         # cohort's members are plain decodes, never finished)
@@ -167,9 +168,59 @@ class StepBuilder:
             return False
         need = co.growth(1)
         if need > self.free:
-            return False
+            return self._cohort_preempt(co)
         self._decode_all(co.rids, need)
         self._cohort_plan = bool(co.rids)
+        return True
+
+    def _cohort_preempt(self, co) -> bool:
+        """:meth:`_decode_or_preempt` over the cohort, from its columns.
+
+        The members are every running decode, in admission order; each needs
+        one block this step or none, and holds exactly its tokens' blocks. As
+        vLLM's loop does, take members oldest first; while one does not fit,
+        preempt the most recently admitted running sequence not yet scheduled
+        (the newer of the cohort's last member and the last other running
+        sequence); stop when the victim is the member itself. Victims are
+        always newer than the member being scheduled, so the scheduled members
+        are a prefix of the cohort: a loop over integers, no ``Seq`` read.
+        Returns False (the one-by-one rules then) for other victim rules or
+        while the cohort has steps granted ahead.
+        """
+        if self.victim is not last_admitted or co.pending:
+            return False
+        bs = co.bs
+        ctx = co.ctx
+        need = (ctx % bs == 0).tolist()  # (ceil((c + 1) / bs) - ceil(c / bs): c >= 1)
+        held = (-(-ctx // bs)).tolist()
+        order, rids, others = co.ints[1].tolist(), co.rids, self.others
+        kv = self.view.kv
+        free, i, lim, jo = self.free, 0, len(need), len(others) - 1
+        victims: list[tuple[int, int]] = []  # (admission order, rid)
+        while i < lim:
+            nd = need[i]
+            while nd > free:
+                if jo >= 0 and others[jo].order > order[lim - 1]:
+                    v = others[jo]
+                    jo -= 1
+                    free += held_blocks(kv, v)
+                    victims.append((v.order, v.rid))
+                    continue
+                lim -= 1
+                free += held[lim]
+                victims.append((order[lim], rids[lim]))
+                if lim == i:  # the victim is the member itself
+                    break
+            else:
+                free -= nd
+                i += 1
+        self.free = free
+        self.budget -= i
+        self.slots += len(victims)
+        self.num_tokens = dict.fromkeys(rids[:i], 1)
+        self.preempted = [rid for _, rid in victims]
+        self._victims = tuple(rid for _, rid in sorted(victims))
+        self._cohort_plan = i > 0
         return True
 
     def _all_decodes_fit(self, decodes: list[SeqView]) -> bool:
@@ -252,7 +303,9 @@ class StepBuilder:
         does nothing else (see :class:`~sim.types.BatchPlan`).
         """
         preempt: tuple[int, ...] = ()
-        if self.preempted:
+        if self._victims is not None:  # (_cohort_preempt sorted them by admission order)
+            preempt = self._victims
+        elif self.preempted:
             rank = {s.rid: i for i, s in enumerate(self.live)}
             preempt = tuple(sorted(self.preempted, key=rank.__getitem__))
         return BatchPlan(

@@ -265,3 +265,74 @@ def test_step_sums_price_like_the_rows(model, hw, tp):
             plain = StepShape(q=q, kv=kv, sampled=int(rng.integers(0, rows + 1)))
             known = StepShape(q=q, kv=kv, sampled=plain.sampled, sums=sums)
             assert cm.price(known) == cm.price(plain), (rows, dec)
+
+
+# -- preemption from the columns (StepBuilder._cohort_preempt) ---------------------------------------
+
+class _FakeView:
+    def __init__(self, kv, running, cohort=None, others=None):
+        self.kv, self.running, self.cohort, self.others = kv, running, cohort, others
+        self.waiting, self.now, self.max_model_len = [], 0.0, 1 << 20
+
+
+def _preempting_state(rng: np.random.Generator):
+    """A cohort of decodes and other running sequences (prefills), interleaved in admission
+    order, in a cache too small for the next step's growth."""
+    bs = int(rng.choice([2, 4, 8, 16]))
+    n_mem, n_oth = int(rng.integers(1, 40)), int(rng.integers(0, 6))
+    kind = rng.permutation([True] * n_mem + [False] * n_oth)
+    kv = PagedKVCache(1 << 20, bs)
+    members, others = [], []
+    for order, is_member in enumerate(kind.tolist()):
+        rid = 1000 + 3 * order
+        if is_member:  # computed lengths that often sit on a block boundary
+            computed = int(rng.integers(1, 6)) * bs if rng.random() < 0.6 else int(rng.integers(1, 6 * bs))
+            members.append(_decoder(kv, rid, order, computed))
+        else:  # a prompt part-computed (or not started): not a decode
+            s = Seq(rid, 0.0, int(rng.integers(bs, 8 * bs)), 20)
+            s.num_computed, s.order = int(rng.integers(0, s.prompt_tokens)), order
+            kv.grow(rid, s.num_computed + int(rng.integers(0, 2 * bs)))
+            others.append(s)
+    need = kv.growth_needed(members, 1)
+    kv.total_blocks = kv.used_blocks + int(rng.integers(0, max(need, 1)))  # short of the growth
+    return kv, members, others
+
+
+def test_preemption_from_the_columns_plans_as_one_by_one():
+    """The cohort's preemption loop gives vLLM's one-by-one plan: the same rows, victims,
+    and budget, KV and slots left, on random states (many victims, others as victims,
+    and the member that is its own victim)."""
+    from policies.step import StepBuilder
+
+    class OneByOne(StepBuilder):  # notes when a sequence is its own victim
+        def _try(self, seq, q):
+            self.trying = seq.rid
+            return super()._try(seq, q)
+
+        def _preempt(self, seq):
+            self.own_victim = getattr(self, "own_victim", False) or seq.rid == self.trying
+            super()._preempt(seq)
+
+    rng = np.random.default_rng(11)
+    seen = {"fast": 0, "several": 0, "other": 0, "self": 0}
+    short = 0
+    for _ in range(600):
+        kv, members, others = _preempting_state(rng)
+        short += kv.growth_needed(members, 1) > kv.free_blocks
+        co = Cohort(kv)
+        co.join(members)
+        running = sorted(members + others, key=lambda s: s.order)
+        fast = StepBuilder(_FakeView(kv, running, co, others), 1 << 16, 512)
+        fast.schedule_decodes()
+        slow = OneByOne(_FakeView(kv, running), 1 << 16, 512)
+        slow.schedule_decodes()
+        a, b = fast.plan(), slow.plan()
+        assert list(a.num_tokens.items()) == list(b.num_tokens.items())
+        assert a.preempt == b.preempt
+        assert (fast.free, fast.budget, fast.slots) == (slow.free, slow.budget, slow.slots)
+        assert a.decode_cohort == bool(a.num_tokens)
+        seen["fast"] += fast._victims is not None
+        seen["several"] += len(a.preempt) > 1
+        seen["other"] += any(r in {s.rid for s in others} for r in a.preempt)
+        seen["self"] += getattr(slow, "own_victim", False)
+    assert seen["fast"] == short > 500 and min(seen.values()) > 20, seen
