@@ -119,8 +119,11 @@ class DecodeRun(NamedTuple):
 
     def step(self, j: int) -> StepCost:
         """Step ``j`` as a :class:`StepCost`."""
+        net, over = self.network_s, self.overhead_s
+        if type(net) is np.ndarray:  # (price_decode_segments: per step)
+            net, over = float(net[j]), float(over[j])
         return _step_cost(float(self.seconds[j]), float(self.flops[j]), float(self.bytes[j]),
-                          float(self.compute_s[j]), float(self.memory_s[j]), self.network_s, self.overhead_s,
+                          float(self.compute_s[j]), float(self.memory_s[j]), net, over,
                           int(self.out_of_range[j]))
 
 
@@ -361,6 +364,75 @@ class RooflineCostModel:
         return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
                          network_s=net, overhead_s=over, out_of_range=oor)
 
+    def price_decode_segments(self, segments: list[tuple[int, int, int]]):
+        """:meth:`price_decodes` of consecutive stretches of decode steps, in one call.
+
+        ``segments`` are ``(rows, context, count)``: ``count`` steps of ``rows``
+        one-token rows (each sampled) over ``context`` cached tokens in all in
+        the first, every row one token longer each step (a cohort whose members
+        finish between stretches: ``Replica._cohort_run``). Returns one
+        :class:`DecodeRun` over all the steps, with ``network_s`` and
+        ``overhead_s`` per step (arrays). Element for element the operations of
+        :meth:`price_decodes` with each stretch's constants, so the same doubles.
+        """
+        if len(segments) == 1:
+            r, c, n = segments[0]
+            return self.price_decodes(r, c, n, r, r)
+        if any(not self._exact_run(r, c, n, r) or r < 1 or n < 1 for r, c, n in segments):
+            parts = [self.price_decodes(r, c, n, r, r) for r, c, n in segments]
+            counts = [len(p.seconds) for p in parts]
+            cat = np.concatenate
+            return DecodeRun(
+                seconds=cat([p.seconds for p in parts]), flops=cat([p.flops for p in parts]),
+                bytes=cat([p.bytes for p in parts]), compute_s=cat([p.compute_s for p in parts]),
+                memory_s=cat([p.memory_s for p in parts]),
+                network_s=np.repeat([p.network_s for p in parts], counts),
+                overhead_s=np.repeat([p.overhead_s for p in parts], counts),
+                out_of_range=cat([p.out_of_range for p in parts]))
+        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0, host1, eff, mem_curve, rng, den_cache = self._run
+        # per stretch: its constants as columns, then one repeat per dtype to steps
+        ints, floats, counts = [], [], []
+        for r, c, n in segments:
+            comp, mem, net, over, flops, nbytes, oor0 = self._dense(r, r)
+            over = over + l_launch
+            over += host0 + host1 * r
+            den = den_cache.get(r) or _denominator(den_cache, r, eff, peak)
+            ints.append((r, c + r, oor0))
+            floats.append((float(L * r * qo), den, comp, mem, net, over, flops, nbytes))
+            counts.append(n)
+        total = sum(counts)
+        r_step, first, oor = np.repeat(np.array(ints, dtype=np.int64), counts, axis=0).T
+        lq, den, comp, mem, net, over_s, flops, nbytes = np.repeat(np.array(floats), counts, axis=0).T
+        # each step's sum of (kv + 1): its stretch's first plus rows per step since the stretch began
+        at = np.repeat(np.cumsum(counts) - counts, counts)
+        ctx = r_step * (np.arange(total) - at)
+        ctx += first
+        w_flops = ctx * flops_k
+        w_bytes = ctx * lke
+        w_bytes += lq
+        per_bytes = ctx * ke + r_step * qo  # (integers, price_decodes's progressions)
+        mem_eff = _array(mem_curve.many(per_bytes.tolist()), dtype=np.float64)
+        tc = w_flops / den
+        mem_eff *= bw
+        tm = w_bytes / mem_eff
+        cbound = tc >= tm
+        comp_s = np.where(cbound, comp + tc, comp)
+        mem_s = np.where(cbound, mem, mem + tm)
+        seconds = comp_s + mem_s
+        if net.any():  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
+            seconds += net
+        seconds += over_s
+        w_flops += flops
+        w_bytes += nbytes
+        t = self.tp
+        if t != 1:
+            w_flops *= t
+            w_bytes *= t
+        if rng is not None:
+            oor += (r_step < rng[0]) | (r_step > rng[1]) | (per_bytes < rng[2]) | (per_bytes > rng[3])
+        return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
+                         network_s=net, overhead_s=over_s, out_of_range=oor)
+
     def _price_decodes_slow(self, rows: int, context: int, count: int, stride: int, sampled: int) -> DecodeRun:
         """:meth:`price_decodes` with :meth:`price`'s formulas on arrays (any inputs and profiles)."""
         ctx, w_flops = self._decode_attention_flops_slow(rows, context, count, stride)
@@ -405,16 +477,23 @@ class RooflineCostModel:
     def _decode_ctx(self, rows: int, context: int, count: int, stride: int) -> np.ndarray | None:
         """``context + rows + stride * arange(count)``, or None where a run's FLOPs or
         bytes might not be integers below 2**53 (the fast path's exactness condition)."""
-        bound = self._run_bound
-        if bound is None or type(context) is not int or type(rows) is not int or type(stride) is not int:
+        if not self._exact_run(rows, context, count, stride):
             return None
         first = context + rows
         last = first + stride * (count - 1)
-        if first < 1 or stride < 0 or last * bound[0] + rows * bound[1] >= _EXACT:
-            return None
         if stride:
             return _arange(first, last + stride, stride, dtype=np.int64)
         return np.full(count, first, dtype=np.int64)
+
+    def _exact_run(self, rows: int, context: int, count: int, stride: int) -> bool:
+        """Whether the fast path prices this run: every step's FLOPs and bytes are
+        integers below 2**53 (exact as doubles in any order of operations)."""
+        bound = self._run_bound
+        if bound is None or type(context) is not int or type(rows) is not int or type(stride) is not int:
+            return False
+        first = context + rows
+        last = first + stride * (count - 1)
+        return first >= 1 and stride >= 0 and last * bound[0] + rows * bound[1] < _EXACT
 
     def _decode_attention_flops_slow(self, rows: int, context: int, count: int, stride: int):
         ctx = context + rows + stride * np.arange(count, dtype=np.int64)

@@ -37,6 +37,9 @@ class ChunkedPrefillPolicy(PolicyBase):
     """Decodes first, then prefill chunks that fill the token budget left."""
 
     decode_cohort: ClassVar[bool] = True  # plans through StepBuilder (see sim.cohort)
+    # with nothing waiting and only plain decodes running, a completion leaves the
+    # decodes of the others unchanged (sim.engine runs on through it)
+    steady_through_completions: ClassVar[bool] = True
     Config: ClassVar[type[PolicyConfig]] = ChunkedPrefillConfig
     config: ChunkedPrefillConfig
 

@@ -41,6 +41,9 @@ class ContinuousPolicy(PolicyBase):
     """Iteration-level batching with whole-prompt prefills and preemption by recompute."""
 
     decode_cohort: ClassVar[bool] = True  # plans through StepBuilder (see sim.cohort)
+    # with nothing waiting and only plain decodes running, a completion leaves the
+    # decodes of the others unchanged (sim.engine runs on through it)
+    steady_through_completions: ClassVar[bool] = True
     Config: ClassVar[type[PolicyConfig]] = ContinuousConfig
     config: ContinuousConfig
 

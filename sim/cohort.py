@@ -211,6 +211,22 @@ class Cohort:
         self.pending = steps
         self.stale = True
 
+    def grant_run(self, steps: int, blocks: int, peak: int) -> None:
+        """Grant a run through completions (``Replica._cohort_run``): ``blocks`` is the
+        net change in blocks used through ``steps`` steps (growth of the members still
+        running, less the blocks of those that finish before the last step, whose
+        entries the engine drops when it applies them) and ``peak`` the most used
+        before any step of the run."""
+        kv = self.kv
+        if kv._used + blocks > kv.total_blocks:
+            raise KVExhausted(f"the running decodes need {blocks} more KV blocks but only "
+                              f"{kv.total_blocks - kv._used} are free")
+        kv._used += blocks
+        if peak > kv.peak_used:
+            kv.peak_used = peak
+        self.pending = steps
+        self.stale = True
+
     def grant_step(self) -> None:
         """Grant the next step (every member one token)."""
         self.grant(1, self.counts[self.d % self.bs])

@@ -10,6 +10,7 @@ policy logic here; one SimPy event per step.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from heapq import heappush
 from itertools import islice
@@ -60,6 +61,8 @@ class _Run(NamedTuple):
     start: float
     waiting: int  # queue length when the run started
     truncatable: bool  # an arrival routed here cuts the run (KV granted at its end)
+    done: np.ndarray | None = None  # through completions: the step each member completes in
+    used: np.ndarray | None = None  # through completions: KV blocks used after each step
 
 
 class PolicyError(RuntimeError):
@@ -111,6 +114,10 @@ class Replica:
         if getattr(policy, "decode_cohort", False) and type(kv) is PagedKVCache and type(self).price is Replica.price:
             self._cohort = Cohort(kv)
         self._admissions = 0
+        # the policy's word that, while nothing waits and only the cohort runs, a completion
+        # changes its steady plan only by dropping the finished rows (_cohort_run)
+        self._through_completions = self._cohort is not None and bool(
+            getattr(policy, "steady_through_completions", False))
         self.view = _View(env, self.waiting, self.running, kv, max_model_len, self._cohort,
                           self._others if self._cohort is not None else None)
         self._wake: simpy.Event | None = None
@@ -211,7 +218,10 @@ class Replica:
                 self._run_event = _timeout_at(env, float(run.ends[-1]))
                 yield self._run_event
                 run, self._run, self._run_event = self._run, None, None
-                shape, cost, useful_flops, start = self._apply_run(run, plan, shape)
+                if run.done is not None:
+                    plan, shape, cost, useful_flops, start = self._apply_cohort_run(run)
+                else:
+                    shape, cost, useful_flops, start = self._apply_run(run, plan, shape)
                 preempted = 0
             self.busy_s += cost.seconds
             self._advance(plan)
@@ -527,6 +537,10 @@ class Replica:
         if co is not None:  # the cohort's columns (sim.cohort); its members' Seqs lag
             if len(co) != n_rows:
                 return None, cost0
+            if (self._through_completions and not through and not trunc and self._share == 1
+                    and hasattr(self.cost, "price_decode_segments")
+                    and not self.waiting and len(self.running) == n_rows and co.pending == 1):
+                return self._cohort_run(start, t_a, horizon, est, cost0)
             rows = None
             k = min(k, co.min_end - co.d)
         else:
@@ -639,6 +653,161 @@ class Replica:
         if through:
             self._run_arrivals = []
         return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting), trunc), None
+
+    # NOTE: runs through completions. While nothing waits (an arrival ends a
+    # run) and every running sequence is in the cohort, a policy that says so
+    # (steady_through_completions) plans the same decodes after a completion,
+    # minus the finished rows. Such a run goes on to the next arrival: its
+    # steps are priced in segments of equal rows, KV grows only for members
+    # still running and a finished member's blocks are free for the steps
+    # after it; the completions are applied in order when the run ends. The
+    # last step goes through _advance/_record like any step, with a plan of
+    # the rows left.
+    def _cohort_run(self, start: float, t_a: float, horizon: float, est: float, cost0):
+        """:meth:`_decode_run` for a cohort whose members may finish during the run."""
+        co, kv = self._cohort, self.kv
+        bs = kv.block_size
+        ctx = co.ctx  # each member's cached tokens in step 0
+        done = co.ints[3] - co.d - 1  # the run step in which each member generates its last token
+        k = min(self._MAX_RUN, int(done.max()) + 1)
+        if k < 2:
+            return None, cost0
+        by_done = np.argsort(done, kind="stable")
+        done_sorted = done[by_done].tolist()
+        ctx_before = [0] + np.cumsum(ctx[by_done]).tolist()  # context of the members finishing first
+        cuts = sorted(set(done_sorted))
+        t_stop = min(t_a, horizon)
+        # (steps speed up as members finish: guess long rather than price twice)
+        guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / est * 1.5) + 4))
+        while True:
+            costs, ends = self._price_segments(guess, cuts, done_sorted, ctx_before, start)
+            if guess == k or ends[-1] >= t_stop:
+                break
+            guess = min(k, 2 * guess)
+        s0 = costs.seconds[0]
+        self._step_s = float(s0)
+        if not s0 > 0:
+            return None, costs.step(0)
+        k = guess
+        if t_a < math.inf:
+            j = int(np.searchsorted(ends, t_a, "left"))
+            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
+                k = j if (ends[j] == t_a and j >= 1) else j + 1
+        if horizon < math.inf:
+            k = min(k, int(np.searchsorted(ends, horizon, "left")))
+        if k < 2:
+            return None, costs.step(0)
+        # KV: member i needs a block at steps first_i, first_i + bs, ... while it runs
+        # (through done_i); a member that finished frees its blocks for the steps after
+        last = np.minimum(done, k - 1)
+        first = -(ctx + 1) % bs + 1
+        cnt = np.maximum((last - first) // bs + 1, 0)
+        grow = np.zeros(k, dtype=np.int64)
+        total = int(cnt.sum())
+        if total:
+            f, c = first[cnt > 0], cnt[cnt > 0]
+            pos = np.repeat(f, c) + bs * (np.arange(total) - np.repeat(np.cumsum(c) - c, c))
+            grow += np.bincount(pos, minlength=k)[:k]
+        np.cumsum(grow, out=grow)
+        frees = np.zeros(k, dtype=np.int64)
+        fin = done < k - 1
+        np.add.at(frees, done[fin], -(-(ctx[fin] + done[fin] + 1) // bs))
+        np.cumsum(frees, out=frees)
+        need = grow[1:] - frees[:-1]  # blocks step j >= 1 adds to those used when the run began
+        over = np.flatnonzero(need > kv.free_blocks)
+        if len(over):
+            k = int(over[0]) + 1  # (step over[0] + 1 would not fit: one by one, it would preempt)
+            if k < 2:
+                return None, costs.step(0)
+        used0 = kv.used_blocks
+        co.grant_run(k, int(need[k - 2]), used0 + int(need[: k - 1].max()))
+        used = used0 + grow[: k - 1] - frees[: k - 1]
+        return _Run(k, None, None, ends[:k], costs, costs.flops, start, 0, False, done, used), None
+
+    def _price_segments(self, count: int, cuts: list, done_sorted: list, ctx_before: list, start: float):
+        """Costs and end times of a cohort run's first ``count`` steps, in stretches of
+        steps with the same members (the cost model's ``price_decode_segments``)."""
+        segs, a, n, total = [], 0, len(done_sorted), ctx_before[-1]
+        for c in cuts:
+            if a >= count:
+                break
+            pos = bisect_left(done_sorted, a)  # members finished before step a
+            rows = n - pos
+            segs.append((rows, total - ctx_before[pos] + rows * a, min(c, count - 1) - a + 1))
+            a = c + 1
+        costs = self.cost.price_decode_segments(segs)
+        secs = costs.seconds
+        s0 = secs[0]
+        secs[0] = start + s0  # SimPy's first end: now + delay
+        ends = np.cumsum(secs)
+        secs[0] = s0
+        return costs, ends
+
+    def _apply_cohort_run(self, run: "_Run"):
+        """:meth:`_apply_run` for a run through completions: steps 0..k-2 in bulk, the
+        members that finished in them completed in order. Returns the last step's plan
+        (the members left), shape, cost, useful FLOPs and start."""
+        co, k, ends, c = self._cohort, run.k, run.ends, run.costs
+        m = k - 1
+        done = run.done
+        n = len(done)
+        if run.k < len(run.ends):  # (never cut: runs through completions are not truncatable)
+            raise AssertionError("a run through completions was cut")
+        steps = np.arange(m)
+        alive = done[None, :] >= steps[:, None]  # (step, member): still running in that step
+        rows = alive.sum(axis=1)
+        finished = np.bincount(done[done < m], minlength=m)[:m] if (done < m).any() else 0
+        net = c.network_s[:m] if isinstance(c.network_s, np.ndarray) else c.network_s
+        over = c.overhead_s[:m] if isinstance(c.overhead_s, np.ndarray) else c.overhead_s
+        self.steps.extend(
+            self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], rows, rows,
+            0, rows, 0, c.flops[:m], run.use_flops[:m], c.bytes[:m],
+            c.compute_s[:m], c.memory_s[:m], net, over, c.out_of_range[:m],
+            run.used, 0, rows - finished, 0, count=m,
+        )
+        # inter-token gaps, step by step, members in cohort order
+        gap0 = ends[0] - co.last
+        gaps = ends[1:m] - ends[: m - 1]
+        grid = np.empty((m, n))
+        grid[0] = gap0
+        grid[1:] = gaps[:, None]
+        self.itl.extend(np.broadcast_to(co.rid, (m, n))[alive], grid[alive])
+        # each member's last token and longest gap, through the step it finished in
+        upto = np.minimum(done, m - 1)
+        co.last[:] = ends[upto]
+        top = np.maximum(co.mx, gap0)
+        if m > 1:
+            peak = np.maximum.accumulate(gaps)
+            np.maximum(top, np.where(upto >= 1, peak[np.maximum(upto - 1, 0)], -math.inf), out=top)
+        co.mx[:] = top
+        # the members that finished: out of the cohort at once, then stamped as of
+        # the step each finished in (its counters: every output token generated)
+        fin = done < m
+        if fin.any():
+            seqs, held, running = self.seqs, self.kv._held, self.running
+            steps_done = done[fin].tolist()
+            out = co.remove(fin)
+            for seq, j in zip(out, steps_done):
+                del held[seq.rid]  # (its blocks were counted free when the run was granted)
+                got = seq.num_computed + j + 1  # (synced as of the run's first step)
+                seq.num_computed, seq.num_tokens, seq.num_generated = got, got + 1, seq.num_generated + j + 1
+                seq.finished = True
+                seq.status = COMPLETED
+                seq.completion = float(ends[j])
+                seq.is_running = False
+                running.remove(seq)
+                del seqs[seq.rid]
+            self.outstanding -= len(out)
+        co.advance(m)
+        busy = self.busy_s
+        for x in c.seconds[:m].tolist():
+            busy += x
+        self.busy_s = busy
+        self.fast_forward_steps += m
+        k_left = len(co)
+        plan = BatchPlan(num_tokens=dict.fromkeys(co.rids, 1), steady=True, decode_cohort=True)
+        shape = StepShape(q=np.ones(k_left, dtype=np.int64), kv=co.ctx, sampled=k_left)
+        return plan, shape, c.step(m), float(run.use_flops[m]), float(ends[m - 1])
 
     def _truncate(self) -> None:
         """A request was routed here during a run: end the run with the step in flight.

@@ -107,3 +107,28 @@ def test_fast_step_cost_is_a_plain_step_cost():
     assert vars(fast) == vars(plain)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.seconds = 2.0
+
+
+@pytest.mark.parametrize("model,hw,tp", [("llama-3.1-8b", "h100-sxm", 1), ("tiny-llama", "calibrated", 2),
+                                         ("mixtral-8x7b", "l4", 2)])
+def test_price_decode_segments_equals_price_decodes_per_segment(model, hw, tp):
+    """Stretches of decode steps priced in one call give each stretch's price_decodes."""
+    prof = _calibrated_like("h100-sxm") if hw == "calibrated" else load_hardware(hw)
+    cm = RooflineCostModel(load_model(model), prof, tp=tp)
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        segs, rows, ctx = [], int(rng.integers(2, 257)), int(rng.integers(1, 4000))
+        for _ in range(int(rng.integers(1, 5))):
+            count = int(rng.integers(1, 60))
+            segs.append((rows, rows * ctx, count))
+            ctx += count
+            rows = max(1, rows - int(rng.integers(1, 8)))
+        if rng.random() < 0.05:
+            segs[-1] = (segs[-1][0], 10**15, segs[-1][2])  # past exact integers: the plain path
+        got = cm.price_decode_segments(segs)
+        parts = [cm.price_decodes(r, c, n, r, r) for r, c, n in segs]
+        for name in ("seconds", "flops", "bytes", "compute_s", "memory_s", "out_of_range"):
+            want = np.concatenate([getattr(p, name) for p in parts])
+            assert getattr(got, name).tobytes() == want.tobytes(), name
+        steps = [p.step(i) for p in parts for i in range(len(p.seconds))]
+        assert [got.step(j) for j in range(len(steps))] == steps
