@@ -122,7 +122,8 @@ class Replica:
                           self._others if self._cohort is not None else None)
         self._wake: simpy.Event | None = None
         self.busy_s = 0.0
-        self.outstanding = 0  # admitted to this replica and not yet done
+        self._outstanding = 0  # admitted to this replica and not yet done (see outstanding)
+        self._fin_ends: np.ndarray | None = None  # a run through completions: its finishers' step ends
         # fast-forward (off until enable_fast_forward says when requests arrive)
         self._next_arrival: Callable[[], float] | None = None
         self._arrival_times: Callable[[float, float], np.ndarray] | None = None
@@ -137,6 +138,16 @@ class Replica:
         self._step_s: float | None = None  # the last steady step's time (guesses a run's length)
         self.fast_forward_steps = 0  # steps applied in bulk, for the benchmark's report
         self.process = env.process(self._loop())
+
+    @property
+    def outstanding(self) -> int:
+        """Requests admitted to this replica and not yet done (what routers balance).
+        During a run through completions, its members count as done from the end of
+        the step they finish in, as step by step."""
+        fin = self._fin_ends
+        if fin is None:
+            return self._outstanding
+        return self._outstanding - int(np.searchsorted(fin, self.env.now, "right"))
 
     def enable_fast_forward(self, next_arrival: Callable[[], float], horizon: float | None,
                             arrival_times: Callable[[float, float], np.ndarray] | None = None) -> None:
@@ -174,7 +185,7 @@ class Replica:
             self._run_arrivals.append(self.env.now)
         elif self._run is not None and self._run.truncatable:
             self._truncate()
-        self.outstanding += 1
+        self._outstanding += 1
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -296,13 +307,13 @@ class Replica:
             kv.free(rid)
             if plan.complete_on_release:
                 seq.completion = now
-            self.outstanding -= 1
+            self._outstanding -= 1
         if plan.reject:
             for rid, reason in plan.reject.items():
                 seq = seqs.pop(rid)
                 self.waiting.remove(seq)
                 self.reject(seq, reason)
-                self.outstanding -= 1
+                self._outstanding -= 1
         if plan.preempt:
             victims = [seqs[rid] for rid in plan.preempt]
             for seq in victims:
@@ -467,7 +478,7 @@ class Replica:
                 self.running.remove(seq)
                 self.kv.free(seq.rid)
                 del seqs[seq.rid]
-            self.outstanding -= len(done)
+            self._outstanding -= len(done)
             if co is not None:
                 self._others[:] = [s for s in self._others if s.is_running]
         if joined:
@@ -537,10 +548,9 @@ class Replica:
         if co is not None:  # the cohort's columns (sim.cohort); its members' Seqs lag
             if len(co) != n_rows:
                 return None, cost0
-            if (self._through_completions and not through and not trunc and self._share == 1
-                    and hasattr(self.cost, "price_decode_segments")
+            if (self._through_completions and not through and hasattr(self.cost, "price_decode_segments")
                     and not self.waiting and len(self.running) == n_rows and co.pending == 1):
-                return self._cohort_run(start, t_a, horizon, est, cost0)
+                return self._cohort_run(start, t_a, horizon, est, cost0, trunc)
             rows = None
             k = min(k, co.min_end - co.d)
         else:
@@ -663,7 +673,7 @@ class Replica:
     # after it; the completions are applied in order when the run ends. The
     # last step goes through _advance/_record like any step, with a plan of
     # the rows left.
-    def _cohort_run(self, start: float, t_a: float, horizon: float, est: float, cost0):
+    def _cohort_run(self, start: float, t_a: float, horizon: float, est: float, cost0, trunc: bool):
         """:meth:`_decode_run` for a cohort whose members may finish during the run."""
         co, kv = self._cohort, self.kv
         bs = kv.block_size
@@ -677,6 +687,9 @@ class Replica:
         ctx_before = [0] + np.cumsum(ctx[by_done]).tolist()  # context of the members finishing first
         cuts = sorted(set(done_sorted))
         t_stop = min(t_a, horizon)
+        if trunc:  # price through about as many arrivals as there are replicas (as _decode_run)
+            ahead = self._arrival_times(start, math.inf)
+            t_stop = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
         # (steps speed up as members finish: guess long rather than price twice)
         guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / est * 1.5) + 4))
         while True:
@@ -695,6 +708,13 @@ class Replica:
                 k = j if (ends[j] == t_a and j >= 1) else j + 1
         if horizon < math.inf:
             k = min(k, int(np.searchsorted(ends, horizon, "left")))
+        if trunc and k >= 2:  # (no step may end exactly at an arrival: see _decode_run)
+            arr = self._arrival_times(start, float(ends[k - 1]))
+            if len(arr):
+                at = np.searchsorted(ends[:k], arr, "left")
+                hit = at[ends[np.minimum(at, k - 1)] == arr]
+                if len(hit):
+                    k = min(k, int(hit.min()))
         if k < 2:
             return None, costs.step(0)
         # KV: member i needs a block at steps first_i, first_i + bs, ... while it runs
@@ -719,10 +739,14 @@ class Replica:
             k = int(over[0]) + 1  # (step over[0] + 1 would not fit: one by one, it would preempt)
             if k < 2:
                 return None, costs.step(0)
-        used0 = kv.used_blocks
-        co.grant_run(k, int(need[k - 2]), used0 + int(need[: k - 1].max()))
-        used = used0 + grow[: k - 1] - frees[: k - 1]
-        return _Run(k, None, None, ends[:k], costs, costs.flops, start, 0, False, done, used), None
+        if not trunc:  # (a run an arrival may cut is granted when it ends: _apply_cohort_run)
+            co.grant_run(k, int(need[k - 2]), kv.used_blocks + int(need[: k - 1].max()))
+        fin = done < k - 1
+        if fin.any():  # (outstanding counts them done from their steps' ends)
+            self._fin_ends = np.sort(ends[done[fin]])
+        run = _Run(k, None, None, ends[:k], costs, costs.flops, start, 0, trunc, done,
+                   (grow[: k - 1] - frees[: k - 1], need[: k - 1]))
+        return run, None
 
     def _price_segments(self, count: int, cuts: list, done_sorted: list, ctx_before: list, start: float):
         """Costs and end times of a cohort run's first ``count`` steps, in stretches of
@@ -751,8 +775,19 @@ class Replica:
         m = k - 1
         done = run.done
         n = len(done)
-        if run.k < len(run.ends):  # (never cut: runs through completions are not truncatable)
-            raise AssertionError("a run through completions was cut")
+        self._fin_ends = None
+        if not m:  # cut to its first step (_truncate): nothing to apply in bulk, nobody finished
+            k_all = len(co)
+            plan = BatchPlan(num_tokens=dict.fromkeys(co.rids, 1), steady=True, decode_cohort=True)
+            shape = StepShape(q=np.ones(k_all, dtype=np.int64), kv=co.ctx, sampled=k_all)
+            return plan, shape, c.step(0), float(run.use_flops[0]), run.start
+        # KV: blocks used after each step and before each step's growth, relative to the run's start
+        delta, need = run.used
+        used0 = self.kv.used_blocks
+        if run.truncatable:  # granted now, through the step an arrival may have cut it at
+            self._cohort.grant_run(k, int(need[m - 1]), used0 + int(need[:m].max()))
+        else:
+            used0 -= int(need[m - 1])
         steps = np.arange(m)
         alive = done[None, :] >= steps[:, None]  # (step, member): still running in that step
         rows = alive.sum(axis=1)
@@ -763,7 +798,7 @@ class Replica:
             self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], rows, rows,
             0, rows, 0, c.flops[:m], run.use_flops[:m], c.bytes[:m],
             c.compute_s[:m], c.memory_s[:m], net, over, c.out_of_range[:m],
-            run.used, 0, rows - finished, 0, count=m,
+            delta[:m] + used0, 0, rows - finished, 0, count=m,
         )
         # inter-token gaps, step by step, members in cohort order
         gap0 = ends[0] - co.last
@@ -797,7 +832,7 @@ class Replica:
                 seq.is_running = False
                 running.remove(seq)
                 del seqs[seq.rid]
-            self.outstanding -= len(out)
+            self._outstanding -= len(out)
         co.advance(m)
         busy = self.busy_s
         for x in c.seconds[:m].tolist():

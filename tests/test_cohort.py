@@ -95,9 +95,19 @@ def test_cohort_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, repl
                 horizon=horizon, replicas=replicas, router=router, fast_forward=ff)
         finally:
             ContinuousPolicy.decode_cohort = ChunkedPrefillPolicy.decode_cohort = True
-        # (records in engine order: the cohort changes no event, so not even the order)
-        outs.append((req.to_csv(), steps.to_csv(), itl.to_csv()))
+        outs.append(_per_replica_order(req, steps, itl))
     assert outs[0] == outs[1]
+
+
+def _per_replica_order(req, steps, itl):
+    """Records in each replica's own engine order (what the per-replica aggregate sinks
+    reduce, gap by gap). Across replicas the order differs by design: a run through
+    completions appends its steps when it ends, where step by step each completion
+    ended a run; outputs are put in one canonical order (sim.runner)."""
+    replica_of = dict(zip(req["rid"], req["replica"]))
+    steps = steps.iloc[np.argsort(steps["replica"].to_numpy(), kind="stable")]
+    itl = itl.iloc[np.argsort(itl["rid"].map(replica_of).to_numpy(), kind="stable")]
+    return req.to_csv(), steps.to_csv(index=False), itl.to_csv(index=False)
 
 
 class AdmitFirst(ContinuousPolicy):
@@ -353,27 +363,45 @@ def test_runs_through_completions_are_exact(monkeypatch):
         inside = run.done < run.k - 1
         seen["inside"] += int(inside.sum())
         # a finisher's blocks served a later step: used fell, then rose past where it was
-        used = run.used
+        used = run.used[0]  # (blocks used after each step, relative to the run's start)
         fell = np.flatnonzero(np.diff(used) < 0)
         seen["frees_used"] += bool(len(fell)) and int(used[fell[0] + 1:].max()) > int(used[fell[0]])
         seen["peak_used"] += self.kv.peak_used == self.kv.total_blocks
         return real_apply(self, run)
 
     monkeypatch.setattr(Replica, "_apply_cohort_run", counted_apply)
+    real_outstanding = Replica.outstanding.fget
+    seen["routed_mid_run"] = 0
+
+    def outstanding(self):  # a router read it while finishers of a run were counted done
+        fin = self._fin_ends
+        seen["routed_mid_run"] += fin is not None and fin[0] <= self.env.now
+        return real_outstanding(self)
+
+    monkeypatch.setattr(Replica, "outstanding", property(outstanding))
     rng = np.random.default_rng(4)
-    for case in range(120):
-        n = int(rng.integers(3, 14))
-        bursts = np.sort(rng.choice([0.0, 5.0, 10.0], n) + rng.uniform(0, 0.05, n))
-        wl = workload(bursts, rng.integers(1, 40, n), rng.integers(1, 60, n))
+    for case in range(200):
+        n = int(rng.integers(3, 20))
+        if case % 3:  # bursts, or arrivals spread thin (other replicas' arrive mid-run)
+            arrivals = np.sort(rng.choice([0.0, 5.0, 10.0], n) + rng.uniform(0, 0.05, n))
+        else:
+            arrivals = np.sort(rng.uniform(0, 8, n))
+        wl = workload(arrivals, rng.integers(1, 40, n), rng.integers(1, 60, n))
         bs = int(rng.choice([2, 4, 8]))
         blocks = int(rng.integers(1 + 100 // bs, 400 // bs))
         spec = ({"name": "continuous", "max_num_seqs": 16, "max_num_batched_tokens": 64}
                 if case % 2 else {"name": "chunked_prefill", "max_num_seqs": 16, "max_num_batched_tokens": 32})
+        # several replicas: routers that read outstanding counts (which a run's finishers
+        # leave at their own steps' ends) or KV, or neither
+        replicas, router = [(1, "round_robin"), (2, "least_outstanding"), (3, "least_outstanding"),
+                            (2, "least_kv"), (2, "round_robin")][case % 5]
         outs = []
         for ff in (True, False):
             req, steps, itl, cluster = run_engine(lambda: policies.create_policy(spec), wl, cost=_TINY_COST,
-                                                  kv_blocks=blocks, block_size=bs, fast_forward=ff)
-            outs.append((req.to_csv(), steps.to_csv(), itl.to_csv(),
+                                                  kv_blocks=blocks, block_size=bs, fast_forward=ff,
+                                                  replicas=replicas, router=router)
+            outs.append((_per_replica_order(req, steps, itl),
                          [(r.kv.used_blocks, r.kv.peak_used, r.busy_s) for r in cluster.replicas]))
-        assert outs[0] == outs[1], (case, spec, blocks, bs)
-    assert seen["runs"] > 100 and seen["inside"] > 100 and seen["frees_used"] > 5, seen
+        assert outs[0] == outs[1], (case, spec, blocks, bs, replicas, router)
+    assert (seen["runs"] > 100 and seen["inside"] > 100 and seen["frees_used"] > 5
+            and seen["routed_mid_run"] > 20), seen
