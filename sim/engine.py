@@ -62,7 +62,9 @@ class _Run(NamedTuple):
     waiting: int  # queue length when the run started
     truncatable: bool  # an arrival routed here cuts the run (KV granted at its end)
     done: np.ndarray | None = None  # through completions: the step each member completes in
-    used: np.ndarray | None = None  # through completions: KV blocks used after each step
+    # through completions: (blocks used after each step, blocks added before each step from
+    # step 1 on), both relative to those used when the run began
+    used: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class PolicyError(RuntimeError):
