@@ -40,6 +40,9 @@ class ChunkedPrefillPolicy(PolicyBase):
     # with nothing waiting and only plain decodes running, a completion leaves the
     # decodes of the others unchanged (sim.engine runs on through it)
     steady_through_completions: ClassVar[bool] = True
+    # with nothing waiting and one partial prefill beside the cohort, each step is the
+    # cohort's decodes plus the prefill's next chunk in the budget they leave (sim.engine)
+    steady_chunks: ClassVar[bool] = True
     Config: ClassVar[type[PolicyConfig]] = ChunkedPrefillConfig
     config: ChunkedPrefillConfig
 

@@ -10,7 +10,7 @@ policy logic here; one SimPy event per step.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from heapq import heappush
 from itertools import islice
@@ -65,6 +65,7 @@ class _Run(NamedTuple):
     # through completions: (blocks used after each step, blocks added before each step from
     # step 1 on), both relative to those used when the run began
     used: tuple[np.ndarray, np.ndarray] | None = None
+    chunk: tuple | None = None  # a run of prefill chunks (_chunk_run): its per-step rows and KV
 
 
 class PolicyError(RuntimeError):
@@ -120,6 +121,9 @@ class Replica:
         # changes its steady plan only by dropping the finished rows (_cohort_run)
         self._through_completions = self._cohort is not None and bool(
             getattr(policy, "steady_through_completions", False))
+        # ... and that, while nothing waits and one partial prefill runs beside the cohort, it
+        # plans the cohort's decodes plus the prefill's next chunk in the budget left (_chunk_run)
+        self._chunk_runs = self._cohort is not None and bool(getattr(policy, "steady_chunks", False))
         self.view = _View(env, self.waiting, self.running, kv, max_model_len, self._cohort,
                           self._others if self._cohort is not None else None)
         self._wake: simpy.Event | None = None
@@ -219,6 +223,9 @@ class Replica:
             run = cost = None
             if plan.steady and self._next_arrival is not None:
                 run, cost = self._decode_run(plan, shape, useful, start)
+            elif (self._chunk_runs and plan.decode_cohort and self._next_arrival is not None
+                  and not self.waiting and not plan.preempt and not plan.release):
+                run, cost = self._chunk_run(plan, shape, start)
             if run is None:
                 if cost is None:
                     cost = self.price(plan, shape)
@@ -233,6 +240,8 @@ class Replica:
                 run, self._run, self._run_event = self._run, None, None
                 if run.done is not None:
                     plan, shape, cost, useful_flops, start = self._apply_cohort_run(run)
+                elif run.chunk is not None:
+                    plan, shape, cost, useful_flops, start = self._apply_chunk_run(run, plan)
                 else:
                     shape, cost, useful_flops, start = self._apply_run(run, plan, shape)
                 preempted = 0
@@ -845,6 +854,157 @@ class Replica:
         plan = BatchPlan(num_tokens=dict.fromkeys(co.rids, 1), steady=True, decode_cohort=True)
         shape = StepShape(q=np.ones(k_left, dtype=np.int64), kv=co.ctx, sampled=k_left)
         return plan, shape, c.step(m), float(run.use_flops[m]), float(ends[m - 1])
+
+    # NOTE: runs of prefill chunks. While nothing waits and the running
+    # sequences are the cohort and one partial prefill, a policy that says so
+    # (steady_chunks: chunked prefill) plans the cohort's decodes plus the
+    # prefill's next chunk, min(pending, the budget the decodes leave), while
+    # its KV fits. The first chunk shows that budget (a chunk smaller than the
+    # pending tokens filled it). Such a run goes on until the prefill's last
+    # chunk, the first completion, the next arrival or the horizon; each step
+    # is priced by price() with the row sums _grow_and_shape would give it.
+    def _chunk_run(self, plan: BatchPlan, shape: StepShape, start: float):
+        """A run of cohort-plus-chunk steps starting with this plan's step, or ``(None, cost)``."""
+        co, kv, seqs = self._cohort, self.kv, self.seqs
+        n = len(co)
+        if len(plan.num_tokens) != n + 1 or len(self.running) != n + 1 or not n:
+            return None, None
+        rid, q0 = next(reversed(plan.num_tokens.items()))
+        p = seqs[rid]
+        c0 = p.num_computed  # (before step 0)
+        budget = q0  # the budget the decodes left: the first chunk filled it
+        left = p.num_tokens - c0 - q0  # pending after step 0
+        if left <= 0 or q0 < 1 or p.num_generated:  # (step 0 is the last chunk, or not a prompt)
+            return None, None
+        k = min(self._MAX_RUN, 1 + -(-left // budget), co.min_end - co.d)
+        horizon = self._horizon
+        trunc = self._share > 1 and not self._kv_observed and self._arrival_times is not None
+        t_a = math.inf if trunc else self._next_arrival()
+        if k < 2:
+            return None, None
+        # the steps' rows: chunk j of the prefill over its computed tokens, the cohort one token on
+        qs, cs, c = [q0], [c0], c0 + q0
+        for _ in range(k - 1):
+            q = min(p.num_tokens - c, budget)
+            qs.append(q)
+            cs.append(c)
+            c += q
+        ctx0 = int(co.ctx.sum())
+        price = self.cost.price
+        secs, costs, shapes, end, ends = [], [], [], start, []
+        ones = np.ones(n + 1, dtype=np.int64)
+        t_stop = min(t_a, horizon)
+        if trunc:  # price through about as many arrivals as there are replicas (as _decode_run)
+            ahead = self._arrival_times(start, math.inf)
+            t_stop = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
+        for j in range(k):
+            if j:
+                q, cj = qs[j], cs[j]
+                tot = ctx0 + n * j
+                T, nd, cd, qkv, qq = n + q, n, tot + n, tot + q * cj, n + q * q
+                if q == 1 and cj > 0:
+                    nd += 1
+                    cd += cj + 1
+                q_arr = ones.copy()
+                q_arr[n] = q
+                kv_arr = np.empty(n + 1, dtype=np.int64)
+                kv_arr[:n] = co.ctx + j
+                kv_arr[n] = cj
+                sampled = n + (cj + q == p.num_tokens)
+                sh = StepShape(q=q_arr, kv=kv_arr, sampled=sampled, sums=(T, nd, cd, qkv, qq, tot + cj))
+            else:
+                sh = shape
+            cost = price(sh)
+            if not cost.seconds > 0:
+                return (None, costs[0]) if costs else (None, cost)
+            end = start + cost.seconds if j == 0 else end + cost.seconds
+            shapes.append(sh)
+            costs.append(cost)
+            ends.append(end)
+            if end >= t_stop:
+                break
+        k = len(ends)
+        ends = np.array(ends)
+        if t_a < math.inf:
+            j = int(np.searchsorted(ends, t_a, "left"))
+            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
+                k = j if (ends[j] == t_a and j >= 1) else j + 1
+        if horizon < math.inf:
+            k = min(k, int(np.searchsorted(ends, horizon, "left")))
+        if trunc and k >= 2:  # (no step may end exactly at an arrival: see _decode_run)
+            arr = self._arrival_times(start, float(ends[k - 1]))
+            if len(arr):
+                at = np.searchsorted(ends[:k], arr, "left")
+                hit = at[ends[np.minimum(at, k - 1)] == arr]
+                if len(hit):
+                    k = min(k, int(hit.min()))
+        if k < 2:
+            return None, costs[0]
+        # KV: the cohort's block phases and the prefill's chunks, step by step (nothing frees)
+        bs, counts = co.bs, co.counts
+        held = kv._held.get(rid, 0)
+        grow = [0]
+        for j in range(1, k):
+            want = -(-(cs[j] + qs[j]) // bs)
+            g = counts[(co.d + j) % bs] + (want - held if want > held else 0)
+            held = max(held, want)
+            grow.append(grow[-1] + g)
+        fits = bisect_right(grow, kv.free_blocks)  # (steps 0..fits-1 fit: one by one, the next would not)
+        k = min(k, fits)
+        if k < 2:
+            return None, costs[0]
+        if not trunc:
+            self._grant_chunks(rid, k, cs, qs, grow)
+        chunk = (rid, qs[:k], cs[:k], shapes[:k], costs[:k], grow[:k])
+        return _Run(k, None, None, ends[:k], None, None, start, 0, trunc, chunk=chunk), None
+
+    def _grant_chunks(self, rid: int, k: int, cs: list, qs: list, grow: list) -> None:
+        """A chunk run's KV through its step k-1: the cohort's growth, then the prefill's."""
+        co, kv = self._cohort, self.kv
+        p_growth = -(-(cs[k - 1] + qs[k - 1]) // kv.block_size)
+        co.grant(k, grow[k - 1] - max(p_growth - kv._held.get(rid, 0), 0))
+        kv.grow(rid, cs[k - 1] + qs[k - 1])
+
+    def _apply_chunk_run(self, run: "_Run", plan: BatchPlan):
+        """Apply steps 0..k-2 of a chunk run in bulk; return step k-1's plan, shape, cost,
+        useful FLOPs and start."""
+        co, k, ends = self._cohort, run.k, run.ends
+        rid, qs, cs, shapes, costs, grow = run.chunk
+        m = k - 1
+        p = self.seqs[rid]
+        n = len(co)
+        if run.truncatable and m:
+            self._grant_chunks(rid, k, cs, qs, grow)
+        last_plan = BatchPlan(num_tokens={**dict.fromkeys(co.rids, 1), rid: qs[m]}, decode_cohort=True)
+        if not m:
+            return last_plan, shapes[0], costs[0], costs[0].flops, run.start
+        used = self.kv.used_blocks - grow[m] + np.array(grow[:m])
+        cs_m = costs[:m]
+        sums = [sh.sums for sh in shapes[:m]]
+        decode = np.array([x[1] for x in sums])
+        prefill = np.array([x[0] for x in sums]) - decode
+        self.steps.extend(
+            self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], n + 1, n + 1,
+            prefill, decode, 0, np.array([x.flops for x in cs_m]), np.array([x.flops for x in cs_m]),
+            np.array([x.bytes for x in cs_m]), np.array([x.compute_s for x in cs_m]),
+            np.array([x.memory_s for x in cs_m]), np.array([x.network_s for x in cs_m]),
+            np.array([x.overhead_s for x in cs_m]), np.array([x.out_of_range for x in cs_m]),
+            used, 0, n + 1, 0, count=m,
+        )
+        gap0 = ends[0] - co.last
+        gaps = ends[1:m] - ends[: m - 1]
+        self.itl.extend(np.tile(co.rid, m), np.concatenate((gap0, np.repeat(gaps, n))))
+        top = float(gaps.max()) if len(gaps) else -math.inf
+        co.advance(m)
+        co.last.fill(float(ends[m - 1]))
+        np.maximum(co.mx, np.maximum(gap0, top), out=co.mx)
+        p.num_computed = cs[m]
+        busy = self.busy_s
+        for x in cs_m:
+            busy += x.seconds
+        self.busy_s = busy
+        self.fast_forward_steps += m
+        return last_plan, shapes[m], costs[m], costs[m].flops, float(ends[m - 1])
 
     def _truncate(self) -> None:
         """A request was routed here during a run: end the run with the step in flight.
