@@ -578,10 +578,7 @@ class Replica:
                     k = left
         if k < 2:
             return None, cost0
-        t_price = t_stop
-        if trunc:  # price through about as many arrivals as there are replicas
-            ahead = self._arrival_times(start, math.inf)
-            t_price = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
+        t_price = self._price_until(start, t_a, horizon, trunc)
         # NOTE: price only about as many steps as fit before t_price (doubled
         # until the guess covers it); step 0 is this plan's step (price_decodes
         # equals price bit for bit), so the run's records are plain slices
@@ -600,23 +597,7 @@ class Replica:
         self._step_s = float(s0)
         if not s0 > 0:
             return None, costs.step(0)
-        k = guess
-        if t_a < math.inf:
-            j = int(np.searchsorted(ends, t_a, "left"))
-            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
-                k = j if (ends[j] == t_a and j >= 1) else j + 1
-        if horizon < math.inf:
-            k = min(k, int(np.searchsorted(ends, horizon, "left")))
-        if (through or trunc) and k >= 2:
-            # NOTE: an arrival at exactly a step's end is processed before or
-            # after that step's event depending on when each was scheduled;
-            # a run cannot reproduce that, so it stops before such a step
-            arr = self._arrival_times(start, float(ends[k - 1]))
-            if len(arr):
-                at = np.searchsorted(ends[:k], arr, "left")
-                hit = at[ends[np.minimum(at, k - 1)] == arr]
-                if len(hit):
-                    k = min(k, int(hit.min()))
+        k = self._cut(ends, guess, start, t_a, horizon, through or trunc)
         if k < 2:
             return None, costs.step(0)
         # KV: step j (j >= 1) needs ceil((c + j + 1) / bs) blocks per row
@@ -697,10 +678,7 @@ class Replica:
         done_sorted = done[by_done].tolist()
         ctx_before = [0] + np.cumsum(ctx[by_done]).tolist()  # context of the members finishing first
         cuts = sorted(set(done_sorted))
-        t_stop = min(t_a, horizon)
-        if trunc:  # price through about as many arrivals as there are replicas (as _decode_run)
-            ahead = self._arrival_times(start, math.inf)
-            t_stop = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
+        t_stop = self._price_until(start, t_a, horizon, trunc)
         # (a guess 20% long: pricing twice costs more than a few steps priced in vain; callgrind
         # per request at moderate load, x1.5 + 4 steps: +2.8%)
         guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / est * 1.2) + 2))
@@ -713,20 +691,7 @@ class Replica:
         self._step_s = float(s0)
         if not s0 > 0:
             return None, costs.step(0)
-        k = guess
-        if t_a < math.inf:
-            j = int(np.searchsorted(ends, t_a, "left"))
-            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
-                k = j if (ends[j] == t_a and j >= 1) else j + 1
-        if horizon < math.inf:
-            k = min(k, int(np.searchsorted(ends, horizon, "left")))
-        if trunc and k >= 2:  # (no step may end exactly at an arrival: see _decode_run)
-            arr = self._arrival_times(start, float(ends[k - 1]))
-            if len(arr):
-                at = np.searchsorted(ends[:k], arr, "left")
-                hit = at[ends[np.minimum(at, k - 1)] == arr]
-                if len(hit):
-                    k = min(k, int(hit.min()))
+        k = self._cut(ends, guess, start, t_a, horizon, trunc)
         if k < 2:
             return None, costs.step(0)
         # KV: member i needs a block at steps first_i, first_i + bs, ... while it runs
@@ -759,6 +724,38 @@ class Replica:
         run = _Run(k, None, None, ends[:k], costs, costs.flops, start, 0, trunc, done,
                    (grow[: k - 1] - frees[: k - 1], need[: k - 1]))
         return run, None
+
+    def _price_until(self, start: float, t_a: float, horizon: float, trunc: bool) -> float:
+        """Until when a run starting at ``start`` is worth pricing: the next arrival, or
+        (``trunc``: arrivals routed elsewhere do not cut it) about as many arrivals as
+        there are replicas, and never past the horizon."""
+        if trunc:
+            ahead = self._arrival_times(start, math.inf)
+            return min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
+        return min(t_a, horizon)
+
+    def _cut(self, ends: np.ndarray, k: int, start: float, t_a: float, horizon: float,
+             through_arrivals: bool) -> int:
+        """How many of a run's ``k`` priced steps (ending at ``ends``) it may take: up to
+        the step during which the next arrival ``t_a`` comes, before the horizon, and,
+        for a run that goes on through arrivals, before any step ending exactly at one."""
+        if t_a < math.inf:
+            j = int(np.searchsorted(ends, t_a, "left"))
+            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
+                k = j if (ends[j] == t_a and j >= 1) else j + 1
+        if horizon < math.inf:
+            k = min(k, int(np.searchsorted(ends, horizon, "left")))
+        if through_arrivals and k >= 2:
+            # NOTE: an arrival at exactly a step's end is processed before or
+            # after that step's event depending on when each was scheduled;
+            # a run cannot reproduce that, so it stops before such a step
+            arr = self._arrival_times(start, float(ends[k - 1]))
+            if len(arr):
+                at = np.searchsorted(ends[:k], arr, "left")
+                hit = at[ends[np.minimum(at, k - 1)] == arr]
+                if len(hit):
+                    k = min(k, int(hit.min()))
+        return k
 
     def _price_segments(self, count: int, cuts: list, done_sorted: list, ctx_before: list, start: float):
         """Costs and end times of a cohort run's first ``count`` steps, in stretches of
@@ -894,10 +891,7 @@ class Replica:
         price = self.cost.price
         secs, costs, shapes, end, ends = [], [], [], start, []
         ones = np.ones(n + 1, dtype=np.int64)
-        t_stop = min(t_a, horizon)
-        if trunc:  # price through about as many arrivals as there are replicas (as _decode_run)
-            ahead = self._arrival_times(start, math.inf)
-            t_stop = min(float(ahead[self._share - 1]) if len(ahead) >= self._share else math.inf, horizon)
+        t_stop = self._price_until(start, t_a, horizon, trunc)
         for j in range(k):
             if j:
                 q, cj = qs[j], cs[j]
@@ -924,21 +918,8 @@ class Replica:
             ends.append(end)
             if end >= t_stop:
                 break
-        k = len(ends)
         ends = np.array(ends)
-        if t_a < math.inf:
-            j = int(np.searchsorted(ends, t_a, "left"))
-            if j < k:  # ending exactly at the arrival: stop a step earlier, as scheduled one by one
-                k = j if (ends[j] == t_a and j >= 1) else j + 1
-        if horizon < math.inf:
-            k = min(k, int(np.searchsorted(ends, horizon, "left")))
-        if trunc and k >= 2:  # (no step may end exactly at an arrival: see _decode_run)
-            arr = self._arrival_times(start, float(ends[k - 1]))
-            if len(arr):
-                at = np.searchsorted(ends[:k], arr, "left")
-                hit = at[ends[np.minimum(at, k - 1)] == arr]
-                if len(hit):
-                    k = min(k, int(hit.min()))
+        k = self._cut(ends, len(ends), start, t_a, horizon, trunc)
         if k < 2:
             return None, costs[0]
         # KV: the cohort's block phases and the prefill's chunks, step by step (nothing frees)
