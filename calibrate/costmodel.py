@@ -347,12 +347,7 @@ class RooflineCostModel:
         if net:  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
             seconds += net
         seconds += over
-        w_flops += flops
-        w_bytes += nbytes
-        t = self.tp
-        if t != 1:
-            w_flops *= t
-            w_bytes *= t
+        self._add_dense(w_flops, w_bytes, flops, nbytes)
         if rng is None:
             oor = np.full(count, oor0, dtype=np.int64)
         elif not rng[0] <= rows <= rng[1]:
@@ -422,16 +417,21 @@ class RooflineCostModel:
         if net.any():  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
             seconds += net
         seconds += over_s
+        self._add_dense(w_flops, w_bytes, flops, nbytes)
+        if rng is not None:
+            oor += (r_step < rng[0]) | (r_step > rng[1]) | (per_bytes < rng[2]) | (per_bytes > rng[3])
+        return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
+                         network_s=net, overhead_s=over_s, out_of_range=oor)
+
+    def _add_dense(self, w_flops: np.ndarray, w_bytes: np.ndarray, flops, nbytes) -> None:
+        """In place: a run's attention FLOPs and bytes per step plus the dense operators'
+        (``flops``, ``nbytes``), then times the TP degree (per replica, all shards)."""
         w_flops += flops
         w_bytes += nbytes
         t = self.tp
         if t != 1:
             w_flops *= t
             w_bytes *= t
-        if rng is not None:
-            oor += (r_step < rng[0]) | (r_step > rng[1]) | (per_bytes < rng[2]) | (per_bytes > rng[3])
-        return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
-                         network_s=net, overhead_s=over_s, out_of_range=oor)
 
     def _price_decodes_slow(self, rows: int, context: int, count: int, stride: int, sampled: int) -> DecodeRun:
         """:meth:`price_decodes` with :meth:`price`'s formulas on arrays (any inputs and profiles)."""

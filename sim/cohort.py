@@ -197,33 +197,21 @@ class Cohort:
         need = -(-(ctx + extra) // self.bs) - -(-(ctx + self.pending) // self.bs)
         return int(need[need > 0].sum())
 
-    def grant(self, steps: int, blocks: int) -> None:
+    def grant(self, steps: int, blocks: int, peak: int | None = None) -> None:
         """Count ``blocks`` more blocks held: the members' growth through ``steps`` steps
-        from now (``PagedKVCache.grow`` for all of them)."""
+        from now (``PagedKVCache.grow`` for all of them). For a run through completions
+        (``Replica._cohort_run``) ``blocks`` is the net change (growth of the members
+        still running, less the blocks of those that finish before its last step, whose
+        entries the engine drops when it applies them) and ``peak`` the most used before
+        any of its steps; by default the peak is the blocks used after the grant."""
         kv = self.kv
-        if blocks:
-            if blocks > kv.total_blocks - kv._used:
-                raise KVExhausted(f"the running decodes need {blocks} more KV blocks but only "
-                                  f"{kv.total_blocks - kv._used} are free")
-            kv._used += blocks
-            if kv._used > kv.peak_used:
-                kv.peak_used = kv._used
-        self.pending = steps
-        self.stale = True
-
-    def grant_run(self, steps: int, blocks: int, peak: int) -> None:
-        """Grant a run through completions (``Replica._cohort_run``): ``blocks`` is the
-        net change in blocks used through ``steps`` steps (growth of the members still
-        running, less the blocks of those that finish before the last step, whose
-        entries the engine drops when it applies them) and ``peak`` the most used
-        before any step of the run."""
-        kv = self.kv
-        if kv._used + blocks > kv.total_blocks:
+        if blocks > kv.total_blocks - kv._used:
             raise KVExhausted(f"the running decodes need {blocks} more KV blocks but only "
                               f"{kv.total_blocks - kv._used} are free")
         kv._used += blocks
-        if peak > kv.peak_used:
-            kv.peak_used = peak
+        top = kv._used if peak is None else peak
+        if top > kv.peak_used:
+            kv.peak_used = top
         self.pending = steps
         self.stale = True
 

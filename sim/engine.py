@@ -49,6 +49,28 @@ def _timeout_at(env: simpy.Environment, when: float) -> simpy.Event:
     return ev
 
 
+def _cohort_shape(kc: np.ndarray, tot: int, qo: list, ctx: list, sampled: int) -> StepShape:
+    """A step's shape: the cohort's rows (one token each over contexts ``kc``, which sum
+    to ``tot``), then other rows (``qo`` tokens over ``ctx``, ``sampled`` of them
+    sampling), with the row sums (StepShape.sums) from those numbers, so the cost model
+    and the step record skip their reductions."""
+    k = len(kc)
+    T, nd, cd, qkv, qq = k, k, tot + k, tot, k
+    for q, c in zip(qo, ctx):
+        T += q
+        qkv += q * c
+        qq += q * q
+        tot += c
+        if q == 1 and c > 0:
+            nd += 1
+            cd += c + 1
+    q_arr = np.ones(k + len(qo), dtype=np.int64)
+    if qo:
+        q_arr[k:] = qo
+    kv_arr = np.concatenate((kc, np.array(ctx, dtype=np.int64))) if ctx else kc
+    return StepShape(q=q_arr, kv=kv_arr, sampled=sampled + k, sums=(T, nd, cd, qkv, qq, tot))
+
+
 class _Run(NamedTuple):
     """A planned run of k steady decode steps (see :meth:`Replica._decode_run`)."""
 
@@ -411,23 +433,9 @@ class Replica:
         if co is not None:
             # NOTE: the rows' sums come from the cohort's and the other rows' own numbers, so
             # the cost model skips its reductions (StepShape.sums); members decode one token
-            qo = list(islice(plan.num_tokens.values(), k, None))
             kc = co.ctx
-            tot = int(kc.sum())
-            T, nd, cd, qkv, qq = k, k, tot + k, tot, k
-            for q, c in zip(qo, ctx):
-                T += q
-                qkv += q * c
-                qq += q * q
-                tot += c
-                if q == 1 and c > 0:
-                    nd += 1
-                    cd += c + 1
-            q_arr = np.ones(n + k, dtype=np.int64)
-            if qo:
-                q_arr[k:] = qo
-            kv_arr = np.concatenate((kc, np.array(ctx, dtype=np.int64))) if ctx else kc
-            return StepShape(q=q_arr, kv=kv_arr, sampled=sampled + k, sums=(T, nd, cd, qkv, qq, tot)), None
+            return _cohort_shape(kc, int(kc.sum()), list(islice(plan.num_tokens.values(), k, None)), ctx,
+                                 sampled), None
         q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=n)
         kv_arr = np.array(ctx, dtype=np.int64)
         if not pad and not billed:
@@ -540,9 +548,7 @@ class Replica:
         # the step during which the next request arrives ends the run (its plan
         # was made before the arrival); steps ending at the horizon never finish
         through = plan.steady_through_arrivals and self._arrival_times is not None
-        # NOTE: with several replicas (and a router blind to KV) a run goes on
-        # through arrivals routed elsewhere; one routed here cuts it (_truncate)
-        trunc = not through and self._share > 1 and not self._kv_observed and self._arrival_times is not None
+        trunc = not through and self._truncatable()
         horizon = self._horizon
         t_a = math.inf if through or trunc else self._next_arrival()
         t_stop = min(t_a, horizon)
@@ -717,13 +723,18 @@ class Replica:
             if k < 2:
                 return None, costs.step(0)
         if not trunc:  # (a run an arrival may cut is granted when it ends: _apply_cohort_run)
-            co.grant_run(k, int(need[k - 2]), kv.used_blocks + int(need[: k - 1].max()))
+            co.grant(k, int(need[k - 2]), kv.used_blocks + int(need[: k - 1].max()))
         fin = done < k - 1
         if fin.any():  # (outstanding counts them done from their steps' ends)
             self._fin_ends = np.sort(ends[done[fin]])
         run = _Run(k, None, None, ends[:k], costs, costs.flops, start, 0, trunc, done,
                    (grow[: k - 1] - frees[: k - 1], need[: k - 1]))
         return run, None
+
+    def _truncatable(self) -> bool:
+        """Whether runs go on through arrivals routed to other replicas, cut by one
+        routed here (_truncate): several replicas, and a router blind to KV."""
+        return self._share > 1 and not self._kv_observed and self._arrival_times is not None
 
     def _price_until(self, start: float, t_a: float, horizon: float, trunc: bool) -> float:
         """Until when a run starting at ``start`` is worth pricing: the next arrival, or
@@ -786,21 +797,19 @@ class Replica:
         n = len(done)
         self._fin_ends = None
         if not m:  # cut to its first step (_truncate): nothing to apply in bulk, nobody finished
-            k_all = len(co)
-            plan = BatchPlan(num_tokens=dict.fromkeys(co.rids, 1), steady=True, decode_cohort=True)
-            shape = StepShape(q=np.ones(k_all, dtype=np.int64), kv=co.ctx, sampled=k_all)
-            return plan, shape, c.step(0), float(run.use_flops[0]), run.start
+            return (*self._cohort_step(), c.step(0), float(run.use_flops[0]), run.start)
         # KV: blocks used after each step and before each step's growth, relative to the run's start
         delta, need = run.used
         used0 = self.kv.used_blocks
         if run.truncatable:  # granted now, through the step an arrival may have cut it at
-            self._cohort.grant_run(k, int(need[m - 1]), used0 + int(need[:m].max()))
+            self._cohort.grant(k, int(need[m - 1]), used0 + int(need[:m].max()))
         else:
             used0 -= int(need[m - 1])
         steps = np.arange(m)
         alive = done[None, :] >= steps[:, None]  # (step, member): still running in that step
         rows = alive.sum(axis=1)
-        finished = np.bincount(done[done < m], minlength=m)[:m] if (done < m).any() else 0
+        fin = done < m  # (members that finished in the bulk steps)
+        finished = np.bincount(done[fin], minlength=m)[:m] if fin.any() else 0
         net = c.network_s[:m] if isinstance(c.network_s, np.ndarray) else c.network_s
         over = c.overhead_s[:m] if isinstance(c.overhead_s, np.ndarray) else c.overhead_s
         self.steps.extend(
@@ -826,7 +835,6 @@ class Replica:
         co.mx[:] = top
         # the members that finished: out of the cohort at once, then stamped as of
         # the step each finished in (its counters: every output token generated)
-        fin = done < m
         if fin.any():
             seqs, held, running = self.seqs, self.kv._held, self.running
             steps_done = done[fin].tolist()
@@ -843,15 +851,16 @@ class Replica:
                 del seqs[seq.rid]
             self._outstanding -= len(out)
         co.advance(m)
-        busy = self.busy_s
-        for x in c.seconds[:m].tolist():
-            busy += x
-        self.busy_s = busy
+        self._add_busy(c.seconds[:m].tolist())
         self.fast_forward_steps += m
-        k_left = len(co)
+        return (*self._cohort_step(), c.step(m), float(run.use_flops[m]), float(ends[m - 1]))
+
+    def _cohort_step(self) -> tuple[BatchPlan, StepShape]:
+        """The plan and shape of a step that decodes the cohort and nothing else."""
+        co = self._cohort
+        k = len(co)
         plan = BatchPlan(num_tokens=dict.fromkeys(co.rids, 1), steady=True, decode_cohort=True)
-        shape = StepShape(q=np.ones(k_left, dtype=np.int64), kv=co.ctx, sampled=k_left)
-        return plan, shape, c.step(m), float(run.use_flops[m]), float(ends[m - 1])
+        return plan, StepShape(q=np.ones(k, dtype=np.int64), kv=co.ctx, sampled=k)
 
     # NOTE: runs of prefill chunks. While nothing waits and the running
     # sequences are the cohort and one partial prefill, a policy that says so
@@ -876,7 +885,7 @@ class Replica:
             return None, None
         k = min(self._MAX_RUN, 1 + -(-left // budget), co.min_end - co.d)
         horizon = self._horizon
-        trunc = self._share > 1 and not self._kv_observed and self._arrival_times is not None
+        trunc = self._truncatable()
         t_a = math.inf if trunc else self._next_arrival()
         if k < 2:
             return None, None
@@ -887,26 +896,15 @@ class Replica:
             qs.append(q)
             cs.append(c)
             c += q
-        ctx0 = int(co.ctx.sum())
+        kc = co.ctx
+        ctx0 = int(kc.sum())
         price = self.cost.price
-        secs, costs, shapes, end, ends = [], [], [], start, []
-        ones = np.ones(n + 1, dtype=np.int64)
+        costs, shapes, end, ends = [], [], start, []
         t_stop = self._price_until(start, t_a, horizon, trunc)
         for j in range(k):
-            if j:
+            if j:  # (the shape _grow_and_shape would give step j)
                 q, cj = qs[j], cs[j]
-                tot = ctx0 + n * j
-                T, nd, cd, qkv, qq = n + q, n, tot + n, tot + q * cj, n + q * q
-                if q == 1 and cj > 0:
-                    nd += 1
-                    cd += cj + 1
-                q_arr = ones.copy()
-                q_arr[n] = q
-                kv_arr = np.empty(n + 1, dtype=np.int64)
-                kv_arr[:n] = co.ctx + j
-                kv_arr[n] = cj
-                sampled = n + (cj + q == p.num_tokens)
-                sh = StepShape(q=q_arr, kv=kv_arr, sampled=sampled, sums=(T, nd, cd, qkv, qq, tot + cj))
+                sh = _cohort_shape(kc + j, ctx0 + n * j, [q], [cj], int(cj + q == p.num_tokens))
             else:
                 sh = shape
             cost = price(sh)
@@ -973,18 +971,9 @@ class Replica:
             np.array([x.overhead_s for x in cs_m]), np.array([x.out_of_range for x in cs_m]),
             used, 0, n + 1, 0, count=m,
         )
-        gap0 = ends[0] - co.last
-        gaps = ends[1:m] - ends[: m - 1]
-        self.itl.extend(np.tile(co.rid, m), np.concatenate((gap0, np.repeat(gaps, n))))
-        top = float(gaps.max()) if len(gaps) else -math.inf
-        co.advance(m)
-        co.last.fill(float(ends[m - 1]))
-        np.maximum(co.mx, np.maximum(gap0, top), out=co.mx)
+        self._cohort_decoded(co, ends, m)
         p.num_computed = cs[m]
-        busy = self.busy_s
-        for x in cs_m:
-            busy += x.seconds
-        self.busy_s = busy
+        self._add_busy([x.seconds for x in cs_m])
         self.fast_forward_steps += m
         return last_plan, shapes[m], costs[m], costs[m].flops, float(ends[m - 1])
 
@@ -1048,19 +1037,13 @@ class Replica:
             c.compute_s[:m], c.memory_s[:m], c.network_s, c.overhead_s, c.out_of_range[:m],
             used, waiting, len(self.running), 0, count=m,
         )
-        # inter-token gaps: step 0 from each row's last token, then one gap per step for all
-        last = co.last if co is not None else np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
-        gap0 = ends[0] - last
-        gaps = ends[1:m] - ends[: m - 1]
-        rids = co.rid if co is not None else np.fromiter(plan.num_tokens, dtype=np.int64, count=n)
-        self.itl.extend(np.tile(rids, m), np.concatenate((gap0, np.repeat(gaps, n))))
-        top = float(gaps.max()) if len(gaps) else -math.inf
         t_last = float(ends[m - 1])
         if co is not None:
-            co.advance(m)
-            co.last.fill(t_last)
-            np.maximum(co.mx, np.maximum(gap0, top), out=co.mx)
+            self._cohort_decoded(co, ends, m)
         else:
+            gap0, top = self._run_gaps(np.fromiter(plan.num_tokens, dtype=np.int64, count=n),
+                                       np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n),
+                                       ends, m)
             for s, g in zip(rows, gap0.tolist()):
                 s.num_computed += m
                 s.num_tokens += m
@@ -1070,13 +1053,33 @@ class Replica:
                     g = top
                 if g > s.max_itl:
                     s.max_itl = g
-        busy = self.busy_s
-        for x in c.seconds[:m].tolist():
-            busy += x
-        self.busy_s = busy
+        self._add_busy(c.seconds[:m].tolist())
         self.fast_forward_steps += m
         last_shape = StepShape(q=shape.q, kv=shape.kv + m, sampled=shape.sampled)
         return last_shape, c.step(m), float(run.use_flops[m]), t_last
+
+    def _run_gaps(self, rids: np.ndarray, last: np.ndarray, ends: np.ndarray, m: int):
+        """Record the inter-token gaps of ``m`` bulk steps in which every row decodes:
+        step 0's from each row's last token, then one per step for all. Returns step 0's
+        gaps and the longest later one."""
+        gap0 = ends[0] - last
+        gaps = ends[1:m] - ends[: m - 1]
+        self.itl.extend(np.tile(rids, m), np.concatenate((gap0, np.repeat(gaps, len(rids)))))
+        return gap0, (float(gaps.max()) if len(gaps) else -math.inf)
+
+    def _cohort_decoded(self, co: Cohort, ends: np.ndarray, m: int) -> None:
+        """``m`` bulk steps decoded every member: gaps, counters, last token, longest gap."""
+        gap0, top = self._run_gaps(co.rid, co.last, ends, m)
+        co.advance(m)
+        co.last.fill(float(ends[m - 1]))
+        np.maximum(co.mx, np.maximum(gap0, top), out=co.mx)
+
+    def _add_busy(self, seconds: list) -> None:
+        """Add steps' seconds to the busy time one by one (the order step by step adds them)."""
+        busy = self.busy_s
+        for x in seconds:
+            busy += x
+        self.busy_s = busy
 
     def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
         sums = shape.sums
