@@ -50,11 +50,18 @@ def test_price_fast_path_equals_plain_path(model, hw, tp, dtype):
         assert _fields(got) == _fields(want), (q, kv)
 
 
-@pytest.mark.parametrize("model,hw,tp", [("llama-3.1-8b", "h100-sxm", 1), ("tiny-llama", "calibrated", 2),
-                                         ("mixtral-8x7b", "l4", 2)])
-def test_price_decodes_fast_path_equals_plain_path(model, hw, tp):
+# model, hardware (or a calibrated-like profile with measured ranges), TP: the runs' cases
+RUN_CASES = [("llama-3.1-8b", "h100-sxm", 1), ("tiny-llama", "calibrated", 2), ("mixtral-8x7b", "l4", 2)]
+
+
+def _run_cost_model(model: str, hw: str, tp: int) -> RooflineCostModel:
     prof = _calibrated_like("h100-sxm") if hw == "calibrated" else load_hardware(hw)
-    cm = RooflineCostModel(load_model(model), prof, tp=tp)
+    return RooflineCostModel(load_model(model), prof, tp=tp)
+
+
+@pytest.mark.parametrize("model,hw,tp", RUN_CASES)
+def test_price_decodes_fast_path_equals_plain_path(model, hw, tp):
+    cm = _run_cost_model(model, hw, tp)
     rng = np.random.default_rng(5)
     for _ in range(300):
         rows = int(rng.integers(1, 257))
@@ -109,12 +116,10 @@ def test_fast_step_cost_is_a_plain_step_cost():
         fast.seconds = 2.0
 
 
-@pytest.mark.parametrize("model,hw,tp", [("llama-3.1-8b", "h100-sxm", 1), ("tiny-llama", "calibrated", 2),
-                                         ("mixtral-8x7b", "l4", 2)])
+@pytest.mark.parametrize("model,hw,tp", RUN_CASES)
 def test_price_decode_segments_equals_price_decodes_per_segment(model, hw, tp):
     """Stretches of decode steps priced in one call give each stretch's price_decodes."""
-    prof = _calibrated_like("h100-sxm") if hw == "calibrated" else load_hardware(hw)
-    cm = RooflineCostModel(load_model(model), prof, tp=tp)
+    cm = _run_cost_model(model, hw, tp)
     rng = np.random.default_rng(8)
     for _ in range(200):
         segs, rows, ctx = [], int(rng.integers(2, 257)), int(rng.integers(1, 4000))
