@@ -12,7 +12,11 @@ from typing import Protocol, Sequence, runtime_checkable
 
 from sim.types import BatchPlan, StepCost, StepShape
 
-__all__ = ["SeqView", "KVView", "ReplicaView", "Policy", "CostModel"]
+__all__ = ["SeqView", "KVView", "ReplicaView", "Policy", "CostModel", "PolicyError"]
+
+
+class PolicyError(RuntimeError):
+    """A plan broke the engine contract (a bug in the policy, not bad input)."""
 
 
 class SeqView(Protocol):
