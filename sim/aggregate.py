@@ -32,7 +32,7 @@ import math
 import numpy as np
 
 from sim.records import STEP_FIELDS
-from sim.records import places as _places
+from sim.records import write_waiting
 
 __all__ = ["StepTotals", "ItlAggregate", "STEP_CHUNK", "ITL_CHUNK"]
 
@@ -140,14 +140,7 @@ class _Chunked:
         n, chunk = buf.n, self._chunk
         fit = min(k, chunk - n - buf.skipped)
         part = columns if fit == k else [v[:fit] for v in columns]
-        if buf.skips:
-            at = _places(n, fit, buf.skips)
-            for a, v in zip(buf.arrays, part):
-                a[at] = np.array(v, dtype=a.dtype)
-        else:
-            s = slice(n, n + fit)
-            for a, v in zip(buf.arrays, part):
-                a[s] = v
+        write_waiting(buf.arrays, n, part, buf.skips)
         buf.n = n + fit + buf.skipped
         buf.skips = []
         buf.skipped = 0

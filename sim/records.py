@@ -50,6 +50,20 @@ def places(n: int, k: int, skips) -> np.ndarray:
     return np.arange(n, n + k) + np.cumsum(shift[:k])
 
 
+def write_waiting(arrays: list, n: int, columns: list, skips: list) -> None:
+    """Write waiting values (``columns``: one sequence per array, all of one
+    length k) to rows n.. of ``arrays``, past the ``skips`` (see :func:`places`),
+    each value converted as ``array[i] = value`` converts it."""
+    if skips:
+        at = places(n, len(columns[0]), skips)
+        for a, v in zip(arrays, columns):
+            a[at] = np.array(v, dtype=a.dtype)
+    else:
+        s = slice(n, n + len(columns[0]))
+        for a, v in zip(arrays, columns):
+            a[s] = v
+
+
 class Columns:
     """Growable typed columns: ``append(*values)`` in field order.
 
@@ -121,18 +135,10 @@ class Columns:
         end = n + k + self._skipped
         if end > len(self._arrays[0]):
             self._grow(end)
-        columns = list(zip(*rows))
         self._rows = []
-        if self._skips:
-            at = places(n, k, self._skips)
-            for a, v in zip(self._arrays, columns):
-                a[at] = np.array(v, dtype=a.dtype)
-            self._skips = []
-            self._skipped = 0
-        else:
-            s = slice(n, end)
-            for a, v in zip(self._arrays, columns):
-                a[s] = v
+        write_waiting(self._arrays, n, list(zip(*rows)), self._skips)
+        self._skips = []
+        self._skipped = 0
         self._n = end
 
 
