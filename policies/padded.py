@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from itertools import islice
-from typing import Literal, Sequence
+from typing import ClassVar, Literal, Sequence
 
 from pydantic import Field
 
@@ -75,6 +75,10 @@ def fit_prefix(kv: KVView, candidates: Sequence[SeqView], free: int) -> list[Seq
 class PaddedBatchPolicy(PolicyBase):
     """Runs one padded batch at a time; subclasses decide when it launches."""
 
+    # a finished member is billed as a dead slot exactly like its live row (one token
+    # over the padded context), so a completion leaves the decode step's billed shape
+    # unchanged (sim.runs goes on through completions to the batch's end)
+    steady_dead_slots: ClassVar[bool] = True
     config: PaddedBatchConfig
 
     def launch_size(self, view: ReplicaView) -> tuple[int, float | None]:

@@ -81,6 +81,9 @@ class Replica(Runs):
         # ... and that, while nothing waits and one partial prefill runs beside the cohort, it
         # plans the cohort's decodes plus the prefill's next chunk in the budget left (_chunk_run)
         self._chunk_runs = self._cohort is not None and bool(getattr(policy, "steady_chunks", False))
+        # ... and that a batch holding its finished sequences bills each as a dead slot like its
+        # live row, so a completion leaves the step's price unchanged (_apply_dead_rows)
+        self._dead_slots = bool(getattr(policy, "steady_dead_slots", False))
         self.view = _View(env, self.waiting, self.running, kv, max_model_len, self._cohort,
                           self._others if self._cohort is not None else None)
         self._wake: simpy.Event | None = None
@@ -200,7 +203,7 @@ class Replica(Runs):
                 elif run.chunk is not None:
                     plan, shape, cost, useful_flops, start = self._apply_chunk_run(run, plan)
                 else:
-                    shape, cost, useful_flops, start = self._apply_run(run, plan, shape)
+                    plan, shape, cost, useful_flops, start = self._apply_run(run, plan, shape)
                 preempted = 0
             self.busy_s += cost.seconds
             self._advance(plan)

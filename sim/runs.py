@@ -98,6 +98,8 @@ class _Run(NamedTuple):
     # step 1 on), both relative to those used when the run began
     used: tuple[np.ndarray, np.ndarray] | None = None
     chunk: tuple | None = None  # a run of prefill chunks (_chunk_run): its per-step rows and KV
+    # through completions of a padded batch (steady_dead_slots): the step each row finishes in
+    dead: np.ndarray | None = None
 
 
 class Runs:
@@ -144,7 +146,7 @@ class Runs:
         if not est > 0 or t_stop - start < 2 * est:
             return None, cost0
         co = self._cohort if plan.decode_cohort else None
-        k = self._MAX_RUN
+        k, k_live = self._MAX_RUN, None  # (k_live: the first completion, in a run through them)
         if co is not None:  # the cohort's columns (sim.cohort); its members' Seqs lag
             if len(co) != n_rows:
                 return None, cost0
@@ -156,6 +158,7 @@ class Runs:
         else:
             seqs = self.seqs
             rows = [seqs[rid] for rid in plan.num_tokens]
+            most = 0
             for s in rows:
                 # (with one pending token and one scheduled, every row is q = 1 over
                 # kv = num_computed >= 1: it has generated, so num_tokens >= 2)
@@ -165,6 +168,12 @@ class Runs:
                 left = s.output_tokens - s.num_generated  # the run ends with the first completion
                 if left < k:
                     k = left
+                if left > most:
+                    most = left
+            if self._dead_slots and plan.hold_finished and most > k:
+                # ... or, in a padded batch whose finished rows are billed as dead slots,
+                # goes on through completions to the batch's end (_apply_dead_run)
+                k_live, k = k, min(self._MAX_RUN, most)
         if k < 2:
             return None, cost0
         t_price = self._price_until(start, t_a, horizon, trunc)
@@ -200,6 +209,10 @@ class Runs:
             held = np.fromiter((held_of[s.rid] for s in rows), dtype=np.int64, count=n)
             first = held * bs - c  # first step at which a row outgrows what it holds (>= 1)
         grow = None
+        if k_live is not None and int(first.min()) < k:  # (dead slots keep their KV: no such runs)
+            k, k_live = min(k, k_live), None
+            if k < 2:
+                return None, costs.step(0)
         if int(first.min()) < k:
             if through:
                 # NOTE: a run's KV is granted when it starts; a router looking
@@ -236,14 +249,20 @@ class Runs:
             # fast-forward, a request arriving during the last step would see it
             # all granted too
             self._grant(rows, k)
-        if useful is not None:
+        dead = None
+        if k_live is not None and k_live < k:  # (some row finishes before the run's last step)
+            dead = np.fromiter((s.output_tokens - s.num_generated - 1 for s in rows), dtype=np.int64,
+                               count=len(rows))
+            use_flops = self._live_flops(rows, dead, k)
+        elif useful is not None:
             n_use = useful.num_rows
             use_flops = self.cost.decode_flops(n_use, int(useful.kv.sum()), k, n_use, useful.sampled)
         else:
             use_flops = costs.flops
         if through:
             self._run_arrivals = []
-        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting), trunc), None
+        return _Run(k, rows, grow, ends[:k], costs, use_flops, start, len(self.waiting), trunc,
+                    dead=dead), None
 
     # NOTE: runs through completions. While nothing waits (an arrival ends a
     # run) and every running sequence is in the cohort, a policy that says so
@@ -590,11 +609,12 @@ class Runs:
             kv.grow(s.rid, s.num_computed + k)
 
     def _apply_run(self, run: "_Run", plan: BatchPlan, shape: StepShape):
-        """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (shape, cost, useful flops, start)."""
+        """Apply steps 0..k-2 of ``run`` in bulk; return step k-1's (plan, shape, cost, useful
+        flops, start)."""
         k, rows, ends, c = run.k, run.rows, run.ends, run.costs
         m = k - 1  # steps applied here
         if not m:  # cut to its first step (_truncate): nothing to apply in bulk
-            return shape, c.step(0), float(run.use_flops[0]), run.start
+            return plan, shape, c.step(0), float(run.use_flops[0]), run.start
         co = self._cohort if rows is None else None
         n = len(rows) if co is None else len(co)
         # NOTE: KV for the whole run was granted when it started (_decode_run),
@@ -612,17 +632,23 @@ class Runs:
             if self._run_arrivals:
                 waiting = waiting + np.searchsorted(np.array(self._run_arrivals), ends[:m], "right")
             self._run_arrivals = None
+        live, dead = n, run.dead
+        if dead is not None:  # rows decode through the step they finish in, then bill as dead slots
+            alive = dead[None, :] >= np.arange(m)[:, None]  # (step, row)
+            live = alive.sum(axis=1)
         self.steps.extend(
             # every row is a one-token decode (_decode_run checked): n decode
             # tokens, and each padding row bills one token
-            self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], n, shape.num_rows,
-            0, n, shape.num_rows - n, c.flops[:m], run.use_flops[:m], c.bytes[:m],
+            self.index, np.concatenate(([run.start], ends[: m - 1])), ends[:m], live, shape.num_rows,
+            0, live, shape.num_rows - live, c.flops[:m], run.use_flops[:m], c.bytes[:m],
             c.compute_s[:m], c.memory_s[:m], c.network_s, c.overhead_s, c.out_of_range[:m],
             used, waiting, len(self.running), 0, count=m,
         )
         t_last = float(ends[m - 1])
         if co is not None:
             self._cohort_decoded(co, ends, m)
+        elif dead is not None:
+            plan = self._apply_dead_rows(plan, rows, dead, alive, ends, m)
         else:
             gap0, top = self._run_gaps(np.fromiter(plan.num_tokens, dtype=np.int64, count=n),
                                        np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n),
@@ -639,7 +665,66 @@ class Runs:
         self._add_busy(c.seconds[:m].tolist())
         self.fast_forward_steps += m
         last_shape = StepShape(q=shape.q, kv=shape.kv + m, sampled=shape.sampled)
-        return last_shape, c.step(m), float(run.use_flops[m]), t_last
+        return plan, last_shape, c.step(m), float(run.use_flops[m]), t_last
+
+    # NOTE: runs through completions of a padded batch. A policy that says so
+    # (steady_dead_slots: static and dynamic) bills a finished row of a batch
+    # that holds its finished sequences as a dead slot, one token over the same
+    # padded context as a live row, so the step's billed shape, and its price,
+    # do not change when a row finishes. Such a run goes on to the batch's last
+    # completion (through arrivals too: the batch ignores them); only the
+    # records of useful work change, step by step, and the finishers are
+    # stamped at their own steps when the run ends. Their KV stays held
+    # (released with the batch), so nothing is freed or granted.
+    def _live_flops(self, rows: list, dead: np.ndarray, k: int) -> np.ndarray:
+        """Useful FLOPs of a dead-slot run's ``k`` steps: in each, the rows not finished
+        before it decode one token over their own contexts (``decode_flops`` per stretch
+        of steps with the same rows, as ``price`` of the useful shape step by step)."""
+        c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=len(rows))
+        parts, a = [], 0
+        for cut in sorted(set(dead[dead < k - 1].tolist())) + [k - 1]:
+            live = dead >= a  # (the rows finishing at step cut still decode in it)
+            n = int(live.sum())
+            parts.append(self.cost.decode_flops(n, int(c[live].sum()) + n * a, cut - a + 1, n, n))
+            a = cut + 1
+        return np.concatenate(parts)
+
+    def _apply_dead_rows(self, plan: BatchPlan, rows: list, dead: np.ndarray, alive: np.ndarray,
+                         ends: np.ndarray, m: int) -> BatchPlan:
+        """A dead-slot run's ``m`` bulk steps for its rows (``_advance`` as columns): gaps in
+        step then row order, counters, last token, longest gap, and completion stamps of
+        the rows that finished (held: they stay running). Returns the plan of the last step:
+        one token for each row still live."""
+        n = len(rows)
+        rids = np.fromiter(plan.num_tokens, dtype=np.int64, count=n)
+        gap0 = ends[0] - np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
+        gaps = ends[1:m] - ends[: m - 1]
+        grid = np.empty((m, n))
+        grid[0] = gap0
+        grid[1:] = gaps[:, None]
+        self.itl.extend(np.broadcast_to(rids, (m, n))[alive], grid[alive])
+        upto = np.minimum(dead, m - 1)  # the last bulk step each row decoded in
+        top = gap0
+        if m > 1:
+            peak = np.maximum.accumulate(gaps)
+            top = np.maximum(gap0, np.where(upto >= 1, peak[np.maximum(upto - 1, 0)], -math.inf))
+        live = {}
+        for s, j, g, t in zip(rows, upto.tolist(), top.tolist(), ends[upto].tolist()):
+            d = j + 1
+            s.num_computed += d
+            s.num_tokens += d
+            s.num_generated += d
+            s.last_token = t
+            if g > s.max_itl:
+                s.max_itl = g
+            if s.num_generated >= s.output_tokens:
+                s.finished = True
+                s.status = COMPLETED
+                s.completion = t
+            else:
+                live[s.rid] = 1
+        return BatchPlan(num_tokens=live, hold_finished=True, steady=True,
+                         steady_through_arrivals=plan.steady_through_arrivals)
 
     def _run_gaps(self, rids: np.ndarray, last: np.ndarray, ends: np.ndarray, m: int):
         """Record the inter-token gaps of ``m`` bulk steps in which every row decodes:
