@@ -453,7 +453,7 @@ class Runs:
                 del seqs[seq.rid]
             self._outstanding -= len(out)
         co.advance(m)
-        self._add_busy(c.seconds[:m].tolist())
+        self._add_busy(c.seconds[:m])
         self.fast_forward_steps += m
         return (*self._cohort_step(), c.step(m), float(run.use_flops[m]), float(ends[m - 1]))
 
@@ -662,7 +662,7 @@ class Runs:
                     g = top
                 if g > s.max_itl:
                     s.max_itl = g
-        self._add_busy(c.seconds[:m].tolist())
+        self._add_busy(c.seconds[:m])
         self.fast_forward_steps += m
         last_shape = StepShape(q=shape.q, kv=shape.kv + m, sampled=shape.sampled)
         return plan, last_shape, c.step(m), float(run.use_flops[m]), t_last
@@ -742,9 +742,14 @@ class Runs:
         co.last.fill(float(ends[m - 1]))
         np.maximum(co.mx, np.maximum(gap0, top), out=co.mx)
 
-    def _add_busy(self, seconds: list) -> None:
-        """Add steps' seconds to the busy time one by one (the order step by step adds them)."""
+    def _add_busy(self, seconds) -> None:
+        """Add steps' seconds (a list or an array) to the busy time one by one, the order
+        step by step adds them. NOTE: numpy's cumsum (add.accumulate) adds in order, never
+        pairwise, so its last element is that sum; cheaper than a loop past a few steps."""
+        if len(seconds) > 16:
+            self.busy_s = float(np.cumsum(np.concatenate(([self.busy_s], seconds)))[-1])
+            return
         busy = self.busy_s
-        for x in seconds:
+        for x in seconds.tolist() if isinstance(seconds, np.ndarray) else seconds:
             busy += x
         self.busy_s = busy
