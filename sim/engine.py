@@ -445,7 +445,7 @@ class Replica(Runs):
     def _advance_cohort(self, co: Cohort, now: float, done: list, hold: bool) -> None:
         """A step decoded the whole cohort: ``_advance``'s per-row updates, as columns."""
         gaps = now - co.last
-        self.itl.extend(co.rid, gaps.tolist())
+        self.itl.extend(co.rid, gaps)
         np.maximum(co.mx, gaps, out=co.mx)
         co.last.fill(now)
         co.advance(1)

@@ -7,14 +7,16 @@ model, waited for as one timeout, and applied in bulk, with every number
 computed by the same float operations in the same order as step by step, so
 records are bit-identical (tests/test_fast_forward.py, tests/test_cohort.py).
 
-Three kinds of run, each on a promise the policy makes (docs/writing-a-policy.md):
+Four kinds of run, each on a promise the policy makes (docs/writing-a-policy.md):
 
 - ``BatchPlan.steady``: decode steps up to the first completion, the next
   arrival, a KV block that would not fit, or the horizon (:meth:`Runs._decode_run`);
 - ``steady_through_completions``: the cohort's decodes on through completions
   while nothing waits (:meth:`Runs._cohort_run`);
 - ``steady_chunks``: the cohort's decodes plus one prompt's prefill chunks
-  (:meth:`Runs._chunk_run`).
+  (:meth:`Runs._chunk_run`);
+- ``steady_dead_slots``: a padded batch's decodes on through completions to
+  its end, finished rows billed as dead slots (:meth:`Runs._apply_dead_rows`).
 
 :class:`Runs` is a mixin of :class:`sim.engine.Replica`: these methods read
 and write the replica's state; the engine's loop stays the one described in
