@@ -321,7 +321,7 @@ class RooflineCostModel:
         # w_bytes / L, the bytes per kernel: an arithmetic progression of integers
         b0, step = (context + rows) * ke + rows * qo, stride * ke
         per_bytes = range(b0, b0 + step * count, step) if step else [b0] * count
-        mem_eff = _array(mem_curve.many(per_bytes), dtype=np.float64)
+        mem_eff = mem_curve.progression(context + rows, stride, count, ke, rows * qo)  # (per_bytes's values)
         tc = w_flops / (den_cache.get(rows) or _denominator(den_cache, rows, eff, peak))
         mem_eff *= bw
         tm = w_bytes / mem_eff

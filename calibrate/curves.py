@@ -26,12 +26,14 @@ from calibrate.hardware import Efficiency
 __all__ = ["Curve", "ClassEfficiency"]
 
 _MEMO_LIMIT = 1 << 16  # sizes remembered per curve by Curve.many
+_LATTICE_X = 1 << 17  # Curve.progression: x below this per lattice (1 MiB of doubles)
+_LATTICE_KEYS = 32  # lattices remembered per curve (then all are dropped)
 
 
 class Curve:
     """Piecewise power law (linear in log-log), clamped; ``curve(size) -> fraction``."""
 
-    __slots__ = ("_lx", "_y", "_slope", "_lo", "_hi", "_ylo", "_yhi", "_memo")
+    __slots__ = ("_lx", "_y", "_slope", "_lo", "_hi", "_ylo", "_yhi", "_memo", "_lattice")
 
     def __init__(self, points: Sequence[Sequence[float]]) -> None:
         xs = [float(p[0]) for p in points]
@@ -42,6 +44,7 @@ class Curve:
         self._lo, self._hi = xs[0], xs[-1]
         self._ylo, self._yhi = float(points[0][1]), float(points[-1][1])
         self._memo: dict[float, float] = {}
+        self._lattice: dict[tuple[int, int], np.ndarray] = {}
 
     def __call__(self, size: float) -> float:
         if size <= self._lo:
@@ -99,6 +102,35 @@ class Curve:
                     v = exp(ys[i] + (lx - lxs[i]) * slopes[i])
                 out[j] = memo[x] = v
         return out
+
+
+    def progression(self, x0: int, step: int, count: int, scale: int, offset: int) -> np.ndarray:
+        """``[self(offset + scale * (x0 + step * j)) for j in range(count)]`` as a new array.
+
+        A run of decode steps reads the curve at sizes on one lattice
+        (``offset + scale * x``: bytes per kernel over x cached tokens), at x
+        stepping by ``step``. Values are remembered per lattice (offset and scale) in an array
+        indexed by x, so a run mostly seen before is one slice instead of a
+        dictionary lookup per step; the values missing are evaluated by
+        :meth:`many` (the same scalar code, so the same doubles).
+        """
+        if step == 0 or count < 1:
+            return np.full(max(count, 0), self(offset + scale * x0))
+        last = x0 + step * (count - 1)
+        if x0 < 0 or step < 0 or last >= _LATTICE_X:
+            return np.array(self.many(range(offset + scale * x0, offset + scale * last + 1, scale * step)),
+                            dtype=np.float64)
+        grid = self._lattice.get((offset, scale))
+        if grid is None:
+            if len(self._lattice) >= _LATTICE_KEYS:
+                self._lattice.clear()
+            grid = self._lattice[offset, scale] = np.full(_LATTICE_X, np.nan)
+        vals = grid[x0:last + 1:step]  # (a view: filled in place)
+        miss = np.flatnonzero(np.isnan(vals))
+        if len(miss):
+            xs = (miss * step + x0).tolist()
+            vals[miss] = self.many([offset + scale * x for x in xs])
+        return vals.copy()
 
 
 class ClassEfficiency:

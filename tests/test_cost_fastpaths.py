@@ -107,6 +107,31 @@ def test_curve_many_memo_matches_scalar_calls():
         assert curve.many(iter(sizes)) == want
 
 
+def test_curve_progression_matches_scalar_calls():
+    """Curve.progression (a run's sizes on one lattice, remembered per lattice): the same
+    doubles as one call per size, on overlapping runs (lattice hits and misses mixed), past
+    the lattice (the dictionary path), with a step of 0, and after its lattices are dropped."""
+    from calibrate import curves
+    curve = Curve([[4096.0, 0.0002], [65536.0, 0.004], [1048576.0, 0.05], [67108864.0, 0.7]])
+    rng = np.random.default_rng(2)
+    hits = 0
+    for i in range(600):
+        scale = int(rng.choice([512, 4096, 131072]))
+        offset = int(rng.choice([0, 64, 4096 * 3, 1000 + i]))
+        x0 = int(rng.integers(0, curves._LATTICE_X + 50 if i % 10 == 0 else 3000))
+        step = int(rng.integers(0, 9))
+        count = int(rng.integers(1, 400))
+        grid = curve._lattice.get((offset, scale))
+        before = 0 if grid is None else int((~np.isnan(grid)).sum())
+        got = curve.progression(x0, step, count, scale, offset)
+        want = [curve(offset + scale * (x0 + step * j)) for j in range(count)]
+        assert got.tolist() == want
+        hits += before > 0
+        got[:] = 0.0  # a new array: the remembered values stay
+        assert curve.progression(x0, step, count, scale, offset).tolist() == want
+    assert hits > 200 and len(curve._lattice) <= curves._LATTICE_KEYS
+
+
 def test_fast_step_cost_is_a_plain_step_cost():
     args = (1.0, 2.0, 3.0, 0.5, 0.25, 0.125, 0.0625, 3)
     fast, plain = costmodel._step_cost(*args), StepCost(*args)
