@@ -83,6 +83,30 @@ def _cohort_shape(kc: np.ndarray, tot: int, qo: list, ctx: list, sampled: int) -
     return StepShape(q=q_arr, kv=kv_arr, sampled=sampled + k, sums=(T, nd, cd, qkv, qq, tot))
 
 
+def _by_finish(done: np.ndarray, ctx: np.ndarray) -> tuple[list, list, list]:
+    """Rows ordered by the step they finish in (``done``), for :func:`_stretches`: the
+    distinct finishing steps, the sorted steps, and prefix sums of the rows' contexts
+    (``ctx``, cached tokens in step 0) in that order."""
+    by_done = np.argsort(done, kind="stable")
+    done_sorted = done[by_done].tolist()
+    return sorted(set(done_sorted)), done_sorted, [0] + np.cumsum(ctx[by_done]).tolist()
+
+
+def _stretches(count: int, cuts: list, done_sorted: list, ctx_before: list) -> list[tuple[int, int, int]]:
+    """A run's first ``count`` steps as stretches with the same rows, ``(rows, context,
+    steps)``: a row decodes through the step it finishes in, and ``context`` is the
+    stretch's rows' cached tokens in its first step (``_by_finish`` gives the rest)."""
+    segs, a, n, total = [], 0, len(done_sorted), ctx_before[-1]
+    for c in cuts:
+        if a >= count:
+            break
+        pos = bisect_left(done_sorted, a)  # rows finished before step a
+        rows = n - pos
+        segs.append((rows, total - ctx_before[pos] + rows * a, min(c, count - 1) - a + 1))
+        a = c + 1
+    return segs
+
+
 class _Run(NamedTuple):
     """A planned run of k steady decode steps (see :meth:`Replica._decode_run`)."""
 
@@ -284,16 +308,13 @@ class Runs:
         k = min(self._MAX_RUN, int(done.max()) + 1)
         if k < 2:
             return None, cost0
-        by_done = np.argsort(done, kind="stable")
-        done_sorted = done[by_done].tolist()
-        ctx_before = [0] + np.cumsum(ctx[by_done]).tolist()  # context of the members finishing first
-        cuts = sorted(set(done_sorted))
+        order = _by_finish(done, ctx)
         t_stop = self._price_until(start, t_a, horizon, trunc)
         # (a guess 20% long: pricing twice costs more than a few steps priced in vain; callgrind
         # per request at moderate load, x1.5 + 4 steps: +2.8%)
         guess = k if t_stop == math.inf else min(k, max(8, int((t_stop - start) / est * 1.2) + 2))
         while True:
-            costs, ends = self._price_segments(guess, cuts, done_sorted, ctx_before, start)
+            costs, ends = self._price_segments(_stretches(guess, *order), start)
             if guess == k or ends[-1] >= t_stop:
                 break
             guess = min(k, 2 * guess)
@@ -372,17 +393,9 @@ class Runs:
                     k = min(k, int(hit.min()))
         return k
 
-    def _price_segments(self, count: int, cuts: list, done_sorted: list, ctx_before: list, start: float):
-        """Costs and end times of a cohort run's first ``count`` steps, in stretches of
-        steps with the same members (the cost model's ``price_decode_segments``)."""
-        segs, a, n, total = [], 0, len(done_sorted), ctx_before[-1]
-        for c in cuts:
-            if a >= count:
-                break
-            pos = bisect_left(done_sorted, a)  # members finished before step a
-            rows = n - pos
-            segs.append((rows, total - ctx_before[pos] + rows * a, min(c, count - 1) - a + 1))
-            a = c + 1
+    def _price_segments(self, segs: list, start: float):
+        """Costs and end times of a cohort run's steps, given as stretches of steps with
+        the same members (:func:`_stretches`; the cost model's ``price_decode_segments``)."""
         costs = self.cost.price_decode_segments(segs)
         secs = costs.seconds
         s0 = secs[0]
@@ -398,7 +411,6 @@ class Runs:
         co, k, ends, c = self._cohort, run.k, run.ends, run.costs
         m = k - 1
         done = run.done
-        n = len(done)
         self._fin_ends = None
         if not m:  # cut to its first step (_truncate): nothing to apply in bulk, nobody finished
             return (*self._cohort_step(), c.step(0), float(run.use_flops[0]), run.start)
@@ -422,21 +434,9 @@ class Runs:
             c.compute_s[:m], c.memory_s[:m], net, over, c.out_of_range[:m],
             delta[:m] + used0, 0, rows - finished, 0, count=m,
         )
-        # inter-token gaps, step by step, members in cohort order
-        gap0 = ends[0] - co.last
-        gaps = ends[1:m] - ends[: m - 1]
-        grid = np.empty((m, n))
-        grid[0] = gap0
-        grid[1:] = gaps[:, None]
-        self.itl.extend(np.broadcast_to(co.rid, (m, n))[alive], grid[alive])
-        # each member's last token and longest gap, through the step it finished in
-        upto = np.minimum(done, m - 1)
+        upto, top = self._finisher_gaps(co.rid, co.last, done, alive, ends, m)
         co.last[:] = ends[upto]
-        top = np.maximum(co.mx, gap0)
-        if m > 1:
-            peak = np.maximum.accumulate(gaps)
-            np.maximum(top, np.where(upto >= 1, peak[np.maximum(upto - 1, 0)], -math.inf), out=top)
-        co.mx[:] = top
+        np.maximum(co.mx, top, out=co.mx)
         # the members that finished: out of the cohort at once, then stamped as of
         # the step each finished in (its counters: every output token generated)
         if fin.any():
@@ -683,13 +683,8 @@ class Runs:
         before it decode one token over their own contexts (``decode_flops`` per stretch
         of steps with the same rows, as ``price`` of the useful shape step by step)."""
         c = np.fromiter((s.num_computed for s in rows), dtype=np.int64, count=len(rows))
-        parts, a = [], 0
-        for cut in sorted(set(dead[dead < k - 1].tolist())) + [k - 1]:
-            live = dead >= a  # (the rows finishing at step cut still decode in it)
-            n = int(live.sum())
-            parts.append(self.cost.decode_flops(n, int(c[live].sum()) + n * a, cut - a + 1, n, n))
-            a = cut + 1
-        return np.concatenate(parts)
+        flops = self.cost.decode_flops
+        return np.concatenate([flops(r, ctx, n, r, r) for r, ctx, n in _stretches(k, *_by_finish(dead, c))])
 
     def _apply_dead_rows(self, plan: BatchPlan, rows: list, dead: np.ndarray, alive: np.ndarray,
                          ends: np.ndarray, m: int) -> BatchPlan:
@@ -698,18 +693,9 @@ class Runs:
         the rows that finished (held: they stay running). Returns the plan of the last step:
         one token for each row still live."""
         n = len(rows)
-        rids = np.fromiter(plan.num_tokens, dtype=np.int64, count=n)
-        gap0 = ends[0] - np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n)
-        gaps = ends[1:m] - ends[: m - 1]
-        grid = np.empty((m, n))
-        grid[0] = gap0
-        grid[1:] = gaps[:, None]
-        self.itl.extend(np.broadcast_to(rids, (m, n))[alive], grid[alive])
-        upto = np.minimum(dead, m - 1)  # the last bulk step each row decoded in
-        top = gap0
-        if m > 1:
-            peak = np.maximum.accumulate(gaps)
-            top = np.maximum(gap0, np.where(upto >= 1, peak[np.maximum(upto - 1, 0)], -math.inf))
+        upto, top = self._finisher_gaps(
+            np.fromiter(plan.num_tokens, dtype=np.int64, count=n),
+            np.fromiter((s.last_token for s in rows), dtype=np.float64, count=n), dead, alive, ends, m)
         live = {}
         for s, j, g, t in zip(rows, upto.tolist(), top.tolist(), ends[upto].tolist()):
             d = j + 1
@@ -727,6 +713,24 @@ class Runs:
                 live[s.rid] = 1
         return BatchPlan(num_tokens=live, hold_finished=True, steady=True,
                          steady_through_arrivals=plan.steady_through_arrivals)
+
+    def _finisher_gaps(self, rids: np.ndarray, last: np.ndarray, done: np.ndarray, alive: np.ndarray,
+                       ends: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Record the inter-token gaps of ``m`` bulk steps in which each row decodes through
+        the step it finishes in (``done``; ``alive``: the (step, row) mask of that), in step
+        then row order. Returns each row's last bulk step and its longest gap in them."""
+        n = len(rids)
+        gap0 = ends[0] - last
+        gaps = ends[1:m] - ends[: m - 1]
+        grid = np.empty((m, n))
+        grid[0] = gap0
+        grid[1:] = gaps[:, None]
+        self.itl.extend(np.broadcast_to(rids, (m, n))[alive], grid[alive])
+        upto = np.minimum(done, m - 1)
+        if m == 1:
+            return upto, gap0
+        peak = np.maximum.accumulate(gaps)
+        return upto, np.maximum(gap0, np.where(upto >= 1, peak[np.maximum(upto - 1, 0)], -math.inf))
 
     def _run_gaps(self, rids: np.ndarray, last: np.ndarray, ends: np.ndarray, m: int):
         """Record the inter-token gaps of ``m`` bulk steps in which every row decodes:
