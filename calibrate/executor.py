@@ -17,6 +17,7 @@ its prompt row (a real padded batch), dead decode slots run as scratch rows.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, Sequence
 
 import torch
@@ -49,12 +50,22 @@ class Row(NamedTuple):
 
 
 class StepRecord(NamedTuple):
-    """What the executor measured for one step, next to what the cost model predicted."""
+    """What the executor measured for one step, next to what the cost model predicted.
+
+    ``enqueue_s`` (wall time until the host had queued the whole step), ``wall_s``
+    and ``cpu_s`` (this thread's CPU time) tell a host-bound step (enqueue near
+    wall) from a device-bound one, and a descheduled host thread (CPU time well
+    under wall) from a busy one; ``at_ms`` is the step's start (Unix milliseconds).
+    """
 
     measured_s: float
     predicted_s: float
     rows: int
     tokens: int
+    enqueue_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    at_ms: int = 0
 
 
 def _call(name: str, fn, *args):
@@ -167,18 +178,22 @@ class ReferenceModel:
             if r.sample_at is not None:
                 samples.append(len(ids) + r.sample_at)
                 sampled_rows.append(i)
-            ids.extend(r.ids if r.ids is not None else [0] * r.q)
+            # NOTE: a scratch row's tokens are spread over the vocabulary, not all id 0: identical
+            # rows flatter a GPU's GEMMs (less switching power: 894 against 788 TFLOP/s on an H200)
+            ids.extend(r.ids if r.ids is not None else
+                       [(p * 104729 + s * 7919 + 1) % self.spec.vocab_size for p in range(r.kv, r.kv + r.q)])
             pos.extend(range(r.kv, r.kv + r.q))
             tok_slot.extend([s] * r.q)
         n, ns, b = len(ids), len(samples), len(dec)
         n_pad = bucket(n) if self.pad else n
         s_pad = bucket(ns) if self.pad and ns else ns
         pre, row, off = [], b, b
-        for (q, kv), g in groups.items():
-            pre.append((off, q, kv, slots[row:row + len(g)]))
-            row, off = row + len(g), off + q * len(g)
         dev = self.device
         as_t = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+        for (q, kv), g in groups.items():
+            mine = slots[row:row + len(g)]
+            pre.append((off, q, kv, mine, as_t(mine) if len(mine) > 1 else None))
+            row, off = row + len(g), off + q * len(g)
         lens = [rows[i].kv + 1 for i in dec]
         return {"n": n, "ids": as_t(ids + [0] * (n_pad - n)), "pos": as_t(pos + [0] * (n_pad - n)),
                 "tok_slot": as_t(tok_slot), "tok_pos": as_t(pos), "samples": as_t(samples + [0] * (s_pad - ns)),
@@ -212,9 +227,9 @@ class ReferenceModel:
             if b:
                 attn[:b] = k("attention_decode", decode_attention, qk[:b, :h], kc, vc, p["dec_slots"],
                              p["dec_lens"], p["dec_max"])
-            for off, q, kv, slots in p["pre"]:
+            for off, q, kv, slots, idx in p["pre"]:
                 end = off + q * len(slots)
-                attn[off:end] = k("attention_prefill", prefill_attention, qk[off:end, :h], kc, vc, slots, kv)
+                attn[off:end] = k("attention_prefill", prefill_attention, qk[off:end, :h], kc, vc, slots, kv, idx)
             x = k("o_proj", F.linear, attn, layer["o"])
             y, res = k("norms", add_rms_norm, x, res, layer["ln2"])
             gate_up = k("mlp_gate_up", F.linear, y, layer["gate_up"])
@@ -223,8 +238,12 @@ class ReferenceModel:
         out: list[int | None] = [None] * len(rows)
         if p["sampled_rows"]:
             logits = k("lm_head", F.linear, y.index_select(0, p["samples"]), self.lm_head)
-            for i, tok in zip(p["sampled_rows"], logits.argmax(dim=-1).tolist()):
+            ids = logits.argmax(dim=-1)
+            self.enqueued = time.perf_counter()
+            for i, tok in zip(p["sampled_rows"], ids.tolist()):
                 out[i] = tok
+        else:
+            self.enqueued = time.perf_counter()
         synchronize(self.device)
         self.free.extend(p["scratch"])
         return out
@@ -356,17 +375,19 @@ class ExecutorReplica(Replica):
         """
         times = []
         for _ in range(self.repeats):
+            at, c0, w0 = int(time.time() * 1000), time.thread_time(), time.perf_counter()
             t0 = self.model.clock()
             self._sync()
             rows = self._rows(plan)
             sampled = self.model.step(rows)
-            times.append(self.model.clock() - t0)
-        seconds = sorted(times)[len(times) // 2]
+            t1 = self.model.clock()
+            times.append((t1 - t0, self.model.enqueued - w0, time.perf_counter() - w0, time.thread_time() - c0, at))
+        seconds, enqueue, wall, cpu, at = sorted(times)[len(times) // 2]
         for r, tok in zip(rows, sampled):
             if tok is not None and r.key is not None:
                 self.tokens[r.key].append(tok)
         pred = self.cost.price(shape)
-        self.log.append(StepRecord(seconds, pred.seconds, shape.num_rows, shape.num_tokens))
+        self.log.append(StepRecord(seconds, pred.seconds, shape.num_rows, shape.num_tokens, enqueue, wall, cpu, at))
         k = seconds / pred.seconds if pred.seconds > 0 else 0.0
         return StepCost(seconds=seconds, flops=pred.flops, bytes=pred.bytes, compute_s=pred.compute_s * k,
                         memory_s=pred.memory_s * k, network_s=pred.network_s * k, overhead_s=pred.overhead_s * k,

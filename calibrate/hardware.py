@@ -196,7 +196,9 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
 
 def save_hardware(profile: HardwareProfile, path: str | Path) -> Path:
     """Write a profile as YAML (what the calibration step produces)."""
+    from sim.io import atomic_write_text
+
     out = Path(path)
     data = profile.model_dump(mode="json", exclude_none=True)
-    out.write_text(yaml.safe_dump(data, sort_keys=False, width=100), encoding="utf-8")
+    atomic_write_text(out, yaml.safe_dump(data, sort_keys=False, width=100))
     return out

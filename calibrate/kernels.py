@@ -153,9 +153,29 @@ def time_calls(fn: Callable[..., object], args: Sequence[tuple], device: torch.d
 
 
 def launch_seconds(device: torch.device, calls: int = 2000, rounds: int = 5) -> float:
-    """Per-call cost of an empty launch (a one-element add): dispatch plus launch."""
+    """Per-call cost of an empty launch (a one-element add).
+
+    On the CPU, dispatch plus launch on the host. On a GPU, the device's time per
+    back-to-back empty kernel, queued behind a device sleep as :class:`KernelTimer`
+    queues a step's kernels: that is the per-kernel floor inside the kernel times it
+    measures, while the host's dispatch cost goes to the fitted host overhead.
+    """
     a = torch.zeros(1, device=device)
     out = torch.empty_like(a)
+    if device.type == "cuda":
+        calls = min(calls, 400)  # NOTE: well inside the launch queue, or the host waits for the device
+        per_call = []
+        for _ in range(rounds):
+            torch.cuda.synchronize(device)
+            torch.cuda._sleep(int(0.03 * 2e9))
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            for _ in range(calls):
+                torch.add(a, a, out=out)
+            t1.record()
+            torch.cuda.synchronize(device)
+            per_call.append(t0.elapsed_time(t1) * 1e-3 / calls)
+        return float(np.median(per_call))
     now, per_call = clock(device), []
     for _ in range(rounds):
         synchronize(device)
@@ -256,12 +276,14 @@ def _lower_right(q: int, kv: int, device: torch.device) -> torch.Tensor:
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slots: Sequence[int], kv: int) -> torch.Tensor:
+                      slots: Sequence[int], kv: int, idx: torch.Tensor | None = None) -> torch.Tensor:
     """Causal SDPA of ``R`` rows of ``n`` new tokens each over ``kv`` cached ones.
 
     ``q [R*n, heads, head_dim]`` (token-major, rows in ``slots`` order, their
     keys already written); returns ``[R*n, heads*head_dim]``. One SDPA call for
-    the ``R`` rows, which must share ``(n, kv)`` (a padded batch does).
+    the ``R`` rows, which must share ``(n, kv)`` (a padded batch does). ``idx``:
+    ``slots`` as a device tensor, made ahead (a copy from host memory here would
+    wait for the device in the middle of the step).
     """
     rows = len(slots)
     n, heads, dh = q.shape[0] // rows, q.shape[1], q.shape[2]
@@ -269,7 +291,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if rows == 1:
         k, v = k_cache[slots[0], :, :ctx].unsqueeze(0), v_cache[slots[0], :, :ctx].unsqueeze(0)
     else:
-        idx = torch.as_tensor(slots, device=q.device)
+        idx = torch.as_tensor(slots, device=q.device) if idx is None else idx
         k, v = k_cache[:, :, :ctx].index_select(0, idx), v_cache[:, :, :ctx].index_select(0, idx)
     qh = q.view(rows, n, heads, dh).transpose(1, 2)
     if kv == 0:
@@ -302,14 +324,25 @@ class KernelTimer:
     shuffled unrelated kernels (everything cold) than inside the model, where
     its input is what the previous kernel just wrote. CUDA events on a GPU,
     :func:`clock` on the CPU.
+
+    NOTE: on a GPU an eager step is host-bound (an H200 ran a llama-3-8b decode
+    step's kernels in a fraction of the ~13 ms Python took to launch them), so
+    events around a kernel launched as the device idles time the launch, not the
+    kernel. The first timed call therefore queues a ``hold_s`` device sleep:
+    while it runs the host queues the step, and the events then time each kernel
+    back to back on the device, as a serving engine's CUDA graphs run them.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, hold_s: float = 0.04) -> None:
         self.cuda, self.now = device.type == "cuda", clock(device)
         self.marks: list[tuple] = []
+        self.hold = hold_s if self.cuda else 0.0
 
     def __call__(self, name: str, fn: Callable, *args):
         if self.cuda:
+            if self.hold:
+                torch.cuda._sleep(int(self.hold * 2e9))  # ~2 GHz: cycles are a lower bound on the hold
+                self.hold = 0.0
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             out = fn(*args)

@@ -1,41 +1,73 @@
 #!/usr/bin/env bash
 # The one prepared device check (docs/validation.md, "On a GPU"): calibrate the device with a
 # catalog model's shapes, then validate the simulator against the reference executor on it, for
-# the calibration model and for a second model (the cross-model check). Everything lands in $OUT.
+# the calibration model and for a second model (the cross-model check). Everything lands in --out.
 #
 #   scripts/gpu_calibrate.sh                      # cuda: llama-3-8b shapes, validate llama-3-8b and mistral-7b
 #   scripts/gpu_calibrate.sh --device cuda:1      # another GPU
-#   scripts/gpu_calibrate.sh --device cpu --quick # dry run on a CPU (tiny-llama and tiny-llama-wide), ~2 min
+#   scripts/gpu_calibrate.sh --device cpu --quick # dry run on a CPU (tiny-llama and tiny-llama-wide), ~3 min
 #
-# Budget on an H200: about 2 min of calibration and 2-3 min of validation per model. Exit status:
-# 0 when both validations pass their tolerances, 1 when one does not, 2 on an error.
-set -euo pipefail
+# Options: --rounds N (timed calibration rounds; default 10 on a GPU, where CUDA events are steady),
+# --step-repeats N (runs of each executed validation step; default 1 on a GPU, 3 on a CPU),
+# --requests N (validation workload size, default 60),
+# --pack FILE (after every phase, pack the output folder into FILE.tgz: a run cut short by a
+# time limit keeps what it finished). Each phase has its own time limit, so one that overruns
+# cannot take the others with it. Budget on an H200: about 2 min of calibration and 1-2 min of
+# validation per model. Exit status: 0 when both validations pass their tolerances, 1 when one
+# does not or a phase failed, 2 on a usage error.
+set -uo pipefail
 
 DEVICE=cuda
 QUICK=""
-OUT="${OUT:-runs/gpu-calibration}"
+OUT="runs/gpu-calibration"
+ROUNDS=""
+STEP_REPEATS=""
+PACK=""
+REQUESTS=60
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --quick) QUICK="--quick"; shift ;;
     --out) OUT="$2"; shift 2 ;;
-    *) echo "usage: $0 [--device cuda|cuda:N|cpu] [--quick] [--out DIR]" >&2; exit 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
+    --step-repeats) STEP_REPEATS="$2"; shift 2 ;;
+    --pack) PACK="$2"; shift 2 ;;
+    --requests) REQUESTS="$2"; shift 2 ;;
+    *) echo "usage: $0 [--device cuda|cuda:N|cpu] [--quick] [--out DIR] [--rounds N] [--step-repeats N] [--requests N] [--pack FILE.tgz]" >&2
+       exit 2 ;;
   esac
 done
 
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-batchsim() { "$PY" -m sim.cli "$@"; }
+[ -x "$PY" ] || command -v "$PY" >/dev/null || PY=python3
+export PYTHONUNBUFFERED=1
 
 if [ "$DEVICE" = cpu ]; then
   MODEL=tiny-llama; OTHER=tiny-llama-wide; RATE=3
+  ROUNDS="${ROUNDS:-}"; STEP_REPEATS="${STEP_REPEATS:-3}"
+  LIMIT_CAL=900; LIMIT_VAL=900
 else
   MODEL=llama-3-8b; OTHER=mistral-7b; RATE=3
+  ROUNDS="${ROUNDS:-6}"; STEP_REPEATS="${STEP_REPEATS:-1}"
+  LIMIT_CAL="${LIMIT_CAL:-240}"; LIMIT_VAL="${LIMIT_VAL:-180}"
 fi
 mkdir -p "$OUT"
+T0=$(date +%s)
+pack() {
+  echo "== $(( $(date +%s) - T0 )) s: $1"
+  if [ -n "$PACK" ]; then tar czf "$PACK.part" -C "$OUT" . && mv "$PACK.part" "$PACK"; fi
+}
 
-"$PY" - "$DEVICE" > "$OUT/environment.txt" <<'PYEOF'
+if [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; then
+  # clocks, load and power every 250 ms: a step-time anomaly can be matched to the device's state
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu \
+    --format=csv -lms 250 > "$OUT/nvidia-smi.csv" 2>&1 &
+  SMI=$!
+  trap 'kill $SMI 2>/dev/null' EXIT
+fi
+
+"$PY" - "$DEVICE" > "$OUT/environment.txt" 2>&1 <<'PYEOF'
 import platform, subprocess, sys
 import torch
 dev = sys.argv[1]
@@ -49,18 +81,26 @@ if dev.startswith("cuda"):
 else:
     print(platform.processor() or platform.machine(), "threads", torch.get_num_threads())
 PYEOF
+cat "$OUT/environment.txt" | head -3
+pack "environment recorded"
 
-echo "== calibrate $DEVICE with $MODEL's shapes"
-batchsim calibrate --device "$DEVICE" $QUICK --model "$MODEL" \
-  --out "$OUT/profile.yaml" 2>&1 | tee "$OUT/calibrate.log"
+echo "== calibrate $DEVICE with $MODEL's shapes (${ROUNDS:-default} rounds)"
+timeout "$LIMIT_CAL" "$PY" -m sim.cli calibrate --device "$DEVICE" $QUICK --model "$MODEL" \
+  ${ROUNDS:+--rounds "$ROUNDS"} --evidence "$OUT/calibration" --out "$OUT/profile.yaml" 2>&1 | tee "$OUT/calibrate.log"
+cal=${PIPESTATUS[0]}
+pack "calibration exited $cal"
+[ "$cal" = 0 ] || { echo "calibration failed ($cal)"; exit 1; }
 
 status=0
 for m in "$MODEL" "$OTHER"; do
   echo "== validate $m on $DEVICE"
-  batchsim validate --device "$DEVICE" --profile "$OUT/profile.yaml" --model "$m" --rate "$RATE" \
-    --out "$OUT/validate-$m" 2>&1 | tee "$OUT/validate-$m.log" || status=1
+  timeout "$LIMIT_VAL" "$PY" -m sim.cli validate --device "$DEVICE" --profile "$OUT/profile.yaml" --model "$m" \
+    --rate "$RATE" --requests "$REQUESTS" --step-repeats "$STEP_REPEATS" --out "$OUT/validate-$m" 2>&1 | tee "$OUT/validate-$m.log"
+  v=${PIPESTATUS[0]}
+  [ "$v" = 0 ] || status=1
+  pack "validation of $m exited $v"
 done
 
-echo "== results in $OUT: profile.yaml, calibrate.log, validate-*/validate.{json,csv,png}"
+echo "== results in $OUT: profile.yaml, calibration/, calibrate.log, validate-*/validate.{json,csv,png}"
 echo "   copy the profile to calibrate/profiles/ and the numbers into docs/validation.md"
 exit $status

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +90,54 @@ def test_documented_cpu_validation_meets_its_tolerances(tmp_path):
     assert runner.invoke(app, ["calibrate", "--out", str(prof)]).exit_code == 0
     res = runner.invoke(app, ["validate", "--profile", str(prof), "--out", str(tmp_path / "val"), "--repeats", "3"])
     assert res.exit_code == 0, res.output
+
+
+def test_refit_from_evidence_reproduces_the_profile(tmp_path):
+    """--evidence writes what a fit needs; --refit fits it again without a device (CSV keeps 9 digits)."""
+    prof, ev = tmp_path / "p.yaml", tmp_path / "ev"
+    res = runner.invoke(app, ["calibrate", "--quick", "--rounds", "2", "--out", str(prof), "--evidence", str(ev)])
+    assert res.exit_code == 0, res.output
+    assert {p.name for p in ev.iterdir()} == {"kernels.csv", "steps.csv", "facts.json"}
+    facts = json.loads((ev / "facts.json").read_text())
+    assert facts["kind"] == "cpu" and facts["launch_on"] == "host" and facts["models"] == ["tiny-llama"]
+    res = runner.invoke(app, ["calibrate", "--refit", str(ev), "--out", str(tmp_path / "q.yaml")])
+    assert res.exit_code == 0, res.output
+    a, b = load_hardware(str(prof)), load_hardware(str(tmp_path / "q.yaml"))
+    assert a.name == b.name and a.launch_latency_us == b.launch_latency_us
+    assert a.peak_tflops == pytest.approx(b.peak_tflops, rel=1e-6)
+    assert a.host_overhead.per_step_us == pytest.approx(b.host_overhead.per_step_us, rel=1e-4, abs=0.02)
+    for name, e in a.efficiency.items():
+        for (x1, y1), (x2, y2) in zip(e.memory + e.compute, b.efficiency[name].memory + b.efficiency[name].compute):
+            assert x1 == pytest.approx(x2, rel=1e-6) and y1 == pytest.approx(y2, rel=2e-3)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from sim.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_refit_names_what_is_missing(tmp_path):
+    (tmp_path / "kernels.csv").write_text("model\n")
+    res = _cli("calibrate", "--refit", str(tmp_path), "--out", str(tmp_path / "p.yaml"))
+    assert res.returncode == 2 and "no steps.csv" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_replay_compares_a_profile_with_recorded_executor_runs(profile, tmp_path):
+    """Replaying a validation with its own profile gives back its simulated numbers exactly."""
+    out = tmp_path / "val"
+    res = runner.invoke(app, ["validate", "--profile", str(profile), "--out", str(out), "--policies",
+                              "continuous,static", "--requests", "8", "--rate", "10", "--step-repeats", "1"])
+    assert res.exit_code in (0, 1), res.output
+    times = (out / "continuous" / "executor_step_times.csv").read_text().splitlines()
+    assert times[0] == "measured_s,predicted_s,rows,tokens,enqueue_s,wall_s,cpu_s,at_ms" and len(times) > 8
+    res = runner.invoke(app, ["validate", "--replay", str(out), "--profile", str(profile), "--out", str(tmp_path / "r")])
+    assert res.exit_code in (0, 1), res.output
+    first, again = (json.loads((d / "validate.json").read_text()) for d in (out, tmp_path / "r"))
+    assert again["meta"]["replayed_from"] == str(out) and again["steps"] == {}
+    key = lambda r: (r["policy"], r["metric"], r["percentile"])  # noqa: E731
+    assert sorted(map(key, again["metrics"])) == sorted(map(key, first["metrics"]))
+    for r1, r2 in zip(sorted(first["metrics"], key=key), sorted(again["metrics"], key=key)):
+        assert r2["simulated_ms"] == r1["simulated_ms"]
+        assert r2["measured_ms"] == pytest.approx(r1["measured_ms"], rel=1e-6)
+    res = _cli("validate", "--replay", str(tmp_path), "--profile", str(profile), "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "not a validate output folder" in res.stderr and "Traceback" not in res.stderr

@@ -50,19 +50,33 @@ def calibrate_command(
     model: Annotated[Optional[list[str]], typer.Option("--model", help="model whose shapes to time (repeatable; default tiny-llama on cpu, llama-3-8b on cuda); the first also runs whole steps for the host overhead")] = None,
     name: Annotated[Optional[str], typer.Option(help="profile name (default from the device)")] = None,
     threads: ThreadsOpt = 1,
+    rounds: Annotated[Optional[int], typer.Option(min=1, help="timed rounds of every step (default 15, 7 with --quick)")] = None,
+    evidence: Annotated[Optional[Path], typer.Option(help="folder for the measurements behind the profile: kernels.csv, steps.csv, facts.json")] = None,
+    refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed)")] = None,
 ) -> None:
     """Time real kernels on the device, fit a hardware profile, print the held-out fit error."""
-    _need_torch()
     from rich.console import Console
 
     from calibrate.hardware import save_hardware
-    from calibrate.validate import calibrate_device
 
-    bar, tick = _progress("calibrating")
-    with bar:
-        cal = calibrate_device(device, dtype, quick=quick, models=model, threads=threads or None, name=name,
-                               progress=tick)
+    if refit is not None:
+        from calibrate.validate import _slug, fit_calibration, read_evidence
+
+        samples, facts = read_evidence(refit)
+        cal = fit_calibration(samples, facts, name or _slug(facts["kind"], facts["device"]))
+    else:
+        _need_torch()
+        from calibrate.validate import calibrate_device
+
+        bar, tick = _progress("calibrating")
+        with bar:
+            cal = calibrate_device(device, dtype, quick=quick, models=model, threads=threads or None, name=name,
+                                   progress=tick, rounds=rounds)
     save_hardware(cal.profile, out)
+    if evidence is not None:
+        from calibrate.validate import write_evidence
+
+        write_evidence(cal, evidence)
     console = Console(highlight=False)
     held = cal.held_out
     console.print(f"profile {cal.profile.name} written to {out} ({len(cal.samples)} kernels timed, "
@@ -89,20 +103,28 @@ def validate_command(
     p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
     p99_tol: Annotated[float, typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99")] = 0.25,
     threads: ThreadsOpt = 1,
+    replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch)")] = None,
 ) -> None:
     """Run one workload through the reference executor and the simulator per policy; compare."""
-    _need_torch()
     from rich.console import Console
     from rich.table import Table
 
-    from calibrate.validate import validate, write_validation
+    from calibrate.validate import write_validation
 
-    bar, tick = _progress("validating")
-    with bar:
-        v = validate(device, profile, model=model, policies=[p.strip() for p in policies.split(",") if p.strip()],
-                     requests=requests, rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats,
-                     threads=threads or None,
-                     tol_p50=p50_tol, tol_p99=p99_tol, progress=tick)
+    if replay is not None:
+        from calibrate.validate import replay as replay_runs
+
+        v = replay_runs(replay, profile, tol_p50=p50_tol, tol_p99=p99_tol)
+    else:
+        _need_torch()
+        from calibrate.validate import validate
+
+        bar, tick = _progress("validating")
+        with bar:
+            v = validate(device, profile, model=model,
+                         policies=[p.strip() for p in policies.split(",") if p.strip()], requests=requests,
+                         rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats, threads=threads or None,
+                         tol_p50=p50_tol, tol_p99=p99_tol, progress=tick)
     files = write_validation(v, out)
     table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
     for col in ("policy", "metric", "measured", "simulated", "error", "tolerance", ""):
