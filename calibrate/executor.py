@@ -94,6 +94,13 @@ class ReferenceModel:
             raise InputError(f"the reference executor runs dense gated Llama-style models; {spec.name} is not "
                              "(MoE, ungated MLP or attention bias)", "--model")
         self.spec, self.device, self.dtype = spec, device, DTYPES[dtype]
+        if device.type == "cuda":
+            # NOTE: on an H200 (docs/validation.md, "On a GPU") whole stretches of validation
+            # steps spent 4.5x the host time of their neighbours with the GPU idle, tied to the
+            # batch's shape. The leading suspect is cuDNN attention building a plan per new
+            # shape (a decode's context grows every step); flash, memory-efficient and math
+            # SDPA need no plans. scripts/sdpa_probe.py tells on the next device run.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.clock = clock(device)  # see calibrate.kernels.clock: thread CPU time on a CPU
         self.pad = device.type == "cpu" if pad is None else pad
         d, h, hk, dh = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim

@@ -84,6 +84,12 @@ PYEOF
 cat "$OUT/environment.txt" | head -3
 pack "environment recorded"
 
+if [ "$DEVICE" != cpu ]; then
+  # attention host time per shape, cuDNN SDPA allowed and not (see the script's docstring)
+  timeout 90 "$PY" scripts/sdpa_probe.py --device "$DEVICE" 2>&1 | tee "$OUT/sdpa_probe.txt"
+  pack "attention probe"
+fi
+
 echo "== calibrate $DEVICE with $MODEL's shapes (${ROUNDS:-default} rounds)"
 timeout "$LIMIT_CAL" "$PY" -m sim.cli calibrate --device "$DEVICE" $QUICK --model "$MODEL" \
   ${ROUNDS:+--rounds "$ROUNDS"} --evidence "$OUT/calibration" --out "$OUT/profile.yaml" 2>&1 | tee "$OUT/calibrate.log"
