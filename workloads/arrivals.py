@@ -163,7 +163,8 @@ def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, durati
     parts, clock, count = [], 0.0, 0
     while (n is None or count < n) and (duration is None or clock < duration):
         cand = clock + np.cumsum(rng.exponential(1.0 / peak, size))
-        ratio = (1.0 + cfg.amplitude * np.cos(2 * np.pi * (cand - phase) / cfg.period_s)) / (1.0 + cfg.amplitude)
+        with np.errstate(invalid="ignore"):  # cos(inf) past float64's end: NaN, never kept, loop ends below
+            ratio = (1.0 + cfg.amplitude * np.cos(2 * np.pi * (cand - phase) / cfg.period_s)) / (1.0 + cfg.amplitude)
         keep = cand[rng.random(size) < ratio]
         parts.append(keep)
         clock, count = float(cand[-1]), count + len(keep)
