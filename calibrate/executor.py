@@ -264,6 +264,7 @@ class ReferenceModel:
         order the shapes by KV need to keep reallocations rare).
         """
         rows = [phantom_rows(s) for s in shapes]
+        self.device_idle: list[float] = []  # KernelTimer.idle_fraction of every timed step (GPU)
         walls: list[list[float]] = [[] for _ in shapes]
         kern: list[dict[str, list[float]]] = [{} for _ in shapes]
         for r in range(rounds + 1):
@@ -274,6 +275,7 @@ class ReferenceModel:
                     self.step(row, timer)
                     for name, ts in timer.times().items():
                         kern[i].setdefault(name, []).extend(ts)
+                    self.device_idle.append(timer.idle_fraction())
                 t0 = self.clock()
                 self.step(row)
                 if r:  # round 0 warms up (JIT, first touch)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from sim.errors import InputError
 
 __all__ = ["DTYPES", "resolve_device", "keep_heap", "synchronize", "device_name", "software_versions",
-           "clock", "time_calls", "launch_seconds", "copy_bandwidth", "peak_gemm_flops", "bucket",
+           "clock", "time_calls", "device_hold", "launch_seconds", "copy_bandwidth", "peak_gemm_flops", "bucket",
            "add_rms_norm", "rotary", "rope_tables", "write_kv", "silu_and_mul",
            "prefill_attention", "decode_attention", "KernelTimer"]
 
@@ -49,6 +49,8 @@ def resolve_device(spec: str) -> torch.device:
         index = dev.index or 0
         if index >= torch.cuda.device_count():
             raise InputError(f"cuda:{index} does not exist ({torch.cuda.device_count()} CUDA devices)", "--device")
+        # NOTE: events, device sleeps and current_stream() act on the current device: make it this one
+        torch.cuda.set_device(index)
         return torch.device("cuda", index)
     if dev.type != "cpu":
         raise InputError(f"unsupported device {spec!r}; use cpu, cuda or cuda:<index>", "--device")
@@ -106,7 +108,8 @@ def software_versions(device: torch.device) -> dict[str, str]:
                              capture_output=True, text=True, timeout=20).stdout.split()
     except (OSError, subprocess.SubprocessError):
         smi = []
-    return dict(out, cuda=str(torch.version.cuda), driver=smi[0] if smi else "unknown")
+    return dict(out, cuda=str(torch.version.cuda), driver=smi[0] if smi else "unknown",
+                cudnn_attention="on" if torch.backends.cuda.cudnn_sdp_enabled() else "off")
 
 
 # -- timing ------------------------------------------------------------------
@@ -152,6 +155,12 @@ def time_calls(fn: Callable[..., object], args: Sequence[tuple], device: torch.d
     return times
 
 
+def device_hold(seconds: float) -> None:
+    """Queue a device sleep of about ``seconds`` on the current CUDA stream, so that the host can
+    queue work behind it and events then time that work back to back on the device."""
+    torch.cuda._sleep(int(seconds * 2e9))  # NOTE: cycles at ~2 GHz; a slower clock only holds longer
+
+
 def launch_seconds(device: torch.device, calls: int = 2000, rounds: int = 5) -> float:
     """Per-call cost of an empty launch (a one-element add).
 
@@ -167,7 +176,7 @@ def launch_seconds(device: torch.device, calls: int = 2000, rounds: int = 5) -> 
         per_call = []
         for _ in range(rounds):
             torch.cuda.synchronize(device)
-            torch.cuda._sleep(int(0.03 * 2e9))
+            device_hold(0.03)
             t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0.record()
             for _ in range(calls):
@@ -341,7 +350,7 @@ class KernelTimer:
     def __call__(self, name: str, fn: Callable, *args):
         if self.cuda:
             if self.hold:
-                torch.cuda._sleep(int(self.hold * 2e9))  # ~2 GHz: cycles are a lower bound on the hold
+                device_hold(self.hold)
                 self.hold = 0.0
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -360,3 +369,14 @@ class KernelTimer:
         for m in self.marks:
             out.setdefault(m[0], []).append(m[1] if len(m) == 2 else m[1].elapsed_time(m[2]) * 1e-3)
         return out
+
+    def idle_fraction(self) -> float:
+        """On a GPU, the share of the step's device time spent between timed calls: near 0 when the
+        hold let the host queue the whole step, larger when the device caught up with the host
+        and later kernels were timed launch-bound again (0.0 on the CPU)."""
+        ev = [m for m in self.marks if len(m) == 3]
+        if len(ev) < 2:
+            return 0.0
+        gaps = sum(max(b.elapsed_time(a2), 0.0) for (_, _, b), (_, a2, _) in zip(ev, ev[1:]))
+        span = ev[0][1].elapsed_time(ev[-1][2])
+        return gaps / span if span > 0 else 0.0

@@ -94,6 +94,10 @@ def _measure(K, dev, dtype: str, specs: list[ModelSpec], quick: bool, rounds: in
         samples += samples_of(spec, plan, kernels, dtype)
         if j == 0:
             facts["steps"] = [(shape, held, wall) for (shape, held), wall in zip(plan, walls)]
+            if dev.type == "cuda":  # did the hold keep the device queued? (KernelTimer.idle_fraction)
+                idle = np.array(model.device_idle)
+                facts["device_idle"] = {"median": float(np.median(idle)), "p90": float(np.percentile(idle, 90)),
+                                        "max": float(idle.max())}
         del model
     return samples, facts
 
@@ -175,6 +179,7 @@ def fit_calibration(samples: list[Sample], f: dict, name: str, seconds: float = 
 
 
 _FACTS = ("peak", "bw", "launch", "device", "software", "dtype", "quick", "models", "kind", "memory_gib", "date")
+_OPTIONAL_FACTS = ("launch_on", "device_idle", "note")
 
 
 def write_evidence(cal: Calibration, out: str | Path) -> dict[str, Path]:
@@ -184,61 +189,112 @@ def write_evidence(cal: Calibration, out: str | Path) -> dict[str, Path]:
     ``batchsim calibrate --refit``) or audited without the device."""
     import pandas as pd
 
-    from sim.io import write_csv, write_json
+    from sim.io import atomic_write_text, write_json
 
     out = Path(out)
     files = {"kernels.csv": out / "kernels.csv", "steps.csv": out / "steps.csv", "facts.json": out / "facts.json"}
-    write_csv(files["kernels.csv"], pd.DataFrame([
-        {"model": s.case.model, "kernel": s.case.kernel, "rows": s.case.size[0], "tokens": s.case.size[1],
-         "context": s.case.size[2], "held_out": s.case.held_out, "op_class": s.op_class, "flops": s.flops,
-         "bytes": s.bytes, "work_tokens": s.tokens, "seconds": s.seconds} for s in cal.samples]))
-    write_csv(files["steps.csv"], pd.DataFrame(cal.host_steps))
-    write_json(files["facts.json"], {k: cal.facts[k] for k in _FACTS + ("launch_on",) if k in cal.facts})
+    rows = [(s.case.model, s.case.kernel, *s.case.size, s.case.held_out, s.op_class, s.flops, s.bytes, s.tokens,
+             s.seconds) for s in cal.samples]
+    # NOTE: every digit (%.17g), not write_csv's 9: a refit must see the numbers the fit saw
+    for name, df in (("kernels.csv", pd.DataFrame(rows, columns=list(_KERNEL_COLUMNS))),
+                     ("steps.csv", pd.DataFrame(cal.host_steps))):
+        atomic_write_text(files[name], df.to_csv(index=False, float_format="%.17g", lineterminator="\n"))
+    write_json(files["facts.json"], {k: cal.facts[k] for k in _FACTS + _OPTIONAL_FACTS if k in cal.facts})
     return files
+
+
+_KERNEL_COLUMNS = ("model", "kernel", "rows", "tokens", "context", "held_out", "op_class", "flops", "bytes",
+                   "work_tokens", "seconds")
+
+
+def _evidence_frame(path: Path, columns: Sequence[str], numeric: Sequence[str], positive: Sequence[str]):
+    """A non-empty CSV with these columns, finite numbers in ``numeric``, > 0 in ``positive``."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path)
+    except (ValueError, OSError) as e:  # (pandas' EmptyDataError and ParserError are ValueErrors)
+        raise InputError(f"unreadable CSV: {e}", str(path)) from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise InputError(f"missing columns {missing}", str(path))
+    if df.empty:
+        raise InputError("no rows", str(path))
+    for c in numeric:
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = ~np.isfinite(v.to_numpy(dtype=float)) | ((v <= 0).to_numpy() if c in positive else False)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{c} must be a finite number{' > 0' if c in positive else ''}, got {df[c].iloc[i]!r}",
+                             f"{path}:{i + 2}")
+        df[c] = v
+    return df
 
 
 def read_evidence(folder: str | Path) -> tuple[list[Sample], dict]:
     """Samples and facts written by :func:`write_evidence`, ready for :func:`fit_calibration`.
 
     The whole steps are the calibration plan's (:func:`calibrate.fit.plan_steps` for the
-    device kind and ``quick`` recorded in facts.json), matched by their ``step`` index.
+    device kind and ``quick`` recorded in facts.json), matched by their ``step`` index and
+    checked against the recorded rows, tokens, context and held-out flag.
     """
     import json
 
-    import pandas as pd
-
-    from calibrate.fit import Case
+    from calibrate.fit import PRESETS, Case
 
     folder = Path(folder)
     paths = {n: folder / n for n in ("kernels.csv", "steps.csv", "facts.json")}
     for n, p in paths.items():
         if not p.is_file():
             raise InputError(f"no {n} in the evidence folder (written by batchsim calibrate --evidence)", str(folder))
+    where = str(paths["facts.json"])
     try:
         facts = json.loads(paths["facts.json"].read_text(encoding="utf-8"))
-        k = pd.read_csv(paths["kernels.csv"])
-        st = pd.read_csv(paths["steps.csv"])
     except (ValueError, OSError) as e:
-        raise InputError(f"unreadable evidence: {e}", str(folder)) from None
+        raise InputError(f"unreadable JSON: {e}", where) from None
+    if not isinstance(facts, dict):
+        raise InputError("expected a JSON object", where)
     missing = [c for c in _FACTS if c not in facts]
     if missing:
-        raise InputError(f"facts.json lacks {', '.join(missing)}", str(paths["facts.json"]))
-    need = {"model", "kernel", "rows", "tokens", "context", "held_out", "op_class", "flops", "bytes",
-            "work_tokens", "seconds"}
-    if need - set(k.columns):
-        raise InputError(f"kernels.csv lacks columns {sorted(need - set(k.columns))}", str(paths["kernels.csv"]))
-    if {"step", "held_out", "measured_s"} - set(st.columns):
-        raise InputError("steps.csv needs columns step, held_out, measured_s", str(paths["steps.csv"]))
-    samples = [Sample(Case(r.model, r.kernel, (int(r.rows), int(r.tokens), int(r.context)), bool(r.held_out)),
-                      r.op_class, float(r.flops), float(r.bytes), float(r.work_tokens), float(r.seconds))
+        raise InputError(f"lacks {', '.join(missing)}", where)
+    for key in ("peak", "bw", "launch", "memory_gib"):
+        v = facts[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise InputError(f"{key} must be a number > 0, got {v!r}", where)
+    if (facts["kind"], facts["quick"]) not in PRESETS:
+        raise InputError(f"kind/quick must be one of {sorted(PRESETS)}, got {(facts['kind'], facts['quick'])!r}",
+                         where)
+    if facts["dtype"] not in ("bf16", "fp16"):
+        raise InputError(f"dtype must be bf16 or fp16, got {facts['dtype']!r}", where)
+    if not isinstance(facts["models"], list) or not facts["models"]:
+        raise InputError(f"models must be a non-empty list of model names, got {facts['models']!r}", where)
+    load_model(str(facts["models"][0]))  # (an unknown model is an InputError naming it)
+    for key in ("device", "date"):
+        facts[key] = str(facts[key])
+    k = _evidence_frame(paths["kernels.csv"], _KERNEL_COLUMNS,
+                        ("rows", "tokens", "context", "flops", "bytes", "work_tokens", "seconds"), ("seconds",))
+    st = _evidence_frame(paths["steps.csv"], ("step", "rows", "tokens", "context", "held_out", "measured_s"),
+                         ("step", "rows", "tokens", "context", "measured_s"), ("measured_s",))
+    samples = [Sample(Case(str(r.model), str(r.kernel), (int(r.rows), int(r.tokens), int(r.context)),
+                           str(r.held_out) == "True"),
+                      str(r.op_class), float(r.flops), float(r.bytes), float(r.work_tokens), float(r.seconds))
                for r in k.itertuples(index=False)]
     plan = plan_steps(facts["kind"], bool(facts["quick"]))
-    bad = [int(i) for i in st["step"] if not 0 <= int(i) < len(plan)]
-    if bad:
-        raise InputError(f"step {bad[0]} is not in the {facts['kind']} calibration plan ({len(plan)} steps)",
-                         str(paths["steps.csv"]))
-    facts["steps"] = [(plan[int(i)][0], bool(h), float(w)) for i, h, w in zip(st["step"], st["held_out"],
-                                                                            st["measured_s"])]
+    steps = []
+    for line, r in enumerate(st.itertuples(index=False), start=2):
+        i = int(r.step)
+        if not 0 <= i < len(plan):
+            raise InputError(f"step {i} is not in the {facts['kind']} calibration plan ({len(plan)} steps)",
+                             f"{paths['steps.csv']}:{line}")
+        shape, held = plan[i]
+        want = (shape.num_rows, shape.num_tokens, int((shape.q + shape.kv).max()), held)
+        got = (int(r.rows), int(r.tokens), int(r.context), str(r.held_out) == "True")
+        if got != want:
+            raise InputError(f"step {i} is (rows, tokens, context, held_out) = {got}, but the calibration plan's "
+                             f"step {i} is {want}: evidence from another plan or facts.json's kind/quick is wrong",
+                             f"{paths['steps.csv']}:{line}")
+        steps.append((shape, held, float(r.measured_s)))
+    facts["steps"] = steps
     return samples, facts
 
 
@@ -287,7 +343,8 @@ def _assemble(name: str, eff: dict[str, Efficiency], f: dict, host: HostOverhead
                       f"every kernel timed in place inside whole steps of {', '.join(f['models'])} (reference "
                       "executor); every other size and the o_proj GEMM shape are held out.",
         "calibration": {"device": f["device"], "software": f["software"], "dtype": dt, "quick": f["quick"],
-                        "models": f["models"], "date": f["date"]},
+                        "models": f["models"], "date": f["date"],
+                        **({"device_idle_between_kernels": f["device_idle"]} if "device_idle" in f else {})},
     }
     return HardwareProfile(
         name=name, description=f"{f['device']} ({dt}), calibrated by batchsim", calibrated=True,
@@ -427,16 +484,18 @@ class _Recorded:
     """An executor run read back from its requests.csv: the summary fields :func:`_compare` reads."""
 
     def __init__(self, requests) -> None:
+        import pandas as pd
+
         from sim.metrics import _stats
 
         done = requests[requests["status"] == "completed"]
         self.summary: dict = {}
         for name in METRICS:
-            self.summary.update(_stats(name, done[name].to_numpy(dtype=float)))
+            self.summary.update(_stats(name, pd.to_numeric(done[name], errors="coerce").to_numpy(dtype=float)))
 
 
 def replay(folder: str | Path, profile: str | Path, tol_p50: float | None = None,
-           tol_p99: float | None = 0.25) -> Validation:
+           tol_p99: float | None = None) -> Validation:
     """Compare a new profile's simulation with the executor runs a ``validate`` already recorded.
 
     Reads ``folder``/validate.json (the workload) and each policy's
@@ -448,33 +507,61 @@ def replay(folder: str | Path, profile: str | Path, tol_p50: float | None = None
     """
     import json
 
-    import pandas as pd
-
     from sim.runner import build_parts, simulate
 
     folder = Path(folder)
+    where = str(folder / "validate.json")
     try:
-        meta = json.loads((folder / "validate.json").read_text(encoding="utf-8"))["meta"]
-    except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"not a validate output folder (validate.json: {e})", str(folder)) from None
+        data = json.loads((folder / "validate.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"not a validate output folder ({e})", where) from None
+    meta = data.get("meta") if isinstance(data, dict) else None
+    metrics = data.get("metrics") if isinstance(data, dict) else None
+    need = ("model", "dtype", "requests", "rate", "seed", "repeats", "tolerances")
+    if not isinstance(meta, dict) or not isinstance(metrics, list) or any(k not in meta for k in need):
+        raise InputError(f"not a validate.json: needs meta ({', '.join(need)}) and metrics", where)
+    if isinstance(meta["repeats"], bool) or not isinstance(meta["repeats"], int) or meta["repeats"] < 1:
+        raise InputError(f"meta.repeats must be a whole number >= 1, got {meta['repeats']!r}", where)
     hw = load_hardware(str(profile))
-    tol_p50 = tol_p50 if tol_p50 is not None else meta["tolerances"]["p50"]
+    recorded = meta["tolerances"] if isinstance(meta["tolerances"], dict) else {}
+    tol_p50 = tol_p50 if tol_p50 is not None else recorded.get("p50")
+    tol_p99 = tol_p99 if tol_p99 is not None else recorded.get("p99")
+    policies = [p for p in POLICIES if any(isinstance(r, dict) and r.get("policy") == p for r in metrics)]
+    if not policies:
+        raise InputError(f"no known policy in its metrics ({', '.join(POLICIES)})", where)
     rows, runs = [], {}
-    for name in POLICIES:
-        files = sorted((folder / name).glob("executor_requests*.csv"))
-        if not files:
-            continue
-        executed = [_Recorded(pd.read_csv(f)) for f in files]
-        sc = _scenario(meta["model"], str(profile), meta["dtype"], POLICIES[name], meta["requests"], meta["rate"],
-                       meta["seed"])
+    for name in policies:
+        # NOTE: the recorded runs only (executor_requests.csv, then _1.._{repeats-1}), not leftovers
+        # of an earlier run into the same folder
+        files = [folder / name / f"executor_requests{'' if i == 0 else f'_{i}'}.csv" for i in range(int(meta["repeats"]))]
+        executed = [_Recorded(_requests_csv(f)) for f in files]
+        try:
+            sc = _scenario(str(meta["model"]), str(profile), str(meta["dtype"]), POLICIES[name],
+                           int(meta["requests"]), float(meta["rate"]), int(meta["seed"]))
+        except (TypeError, ValueError) as e:
+            raise InputError(f"bad workload in meta: {e}", where) from None
         simulated = simulate(sc, build_parts(sc))
         runs[name] = {"executor": [], "simulator": simulated}
         rows += _compare(name, executed, simulated, tol_p50, tol_p99)
-    if not rows:
-        raise InputError("no policy folder with executor_requests.csv", str(folder))
     meta = dict(meta, profile=str(profile), profile_name=hw.name, replayed_from=str(folder),
                 tolerances={"p50": tol_p50, "p99": tol_p99}, date=datetime.date.today().isoformat())
     return Validation(meta, rows, {}, runs)
+
+
+def _requests_csv(path: Path):
+    """An executor's recorded requests (status and the latency columns), or InputError."""
+    import pandas as pd
+
+    if not path.is_file():
+        raise InputError("missing: validate.json records this run", str(path))
+    try:
+        df = pd.read_csv(path)
+    except (ValueError, OSError) as e:
+        raise InputError(f"unreadable CSV: {e}", str(path)) from None
+    missing = [c for c in ("status", *METRICS) if c not in df.columns]
+    if missing:
+        raise InputError(f"missing columns {missing}", str(path))
+    return df
 
 
 def _compare(policy: str, executed: list, simulated, tol_p50: float, tol_p99: float | None) -> list[dict]:

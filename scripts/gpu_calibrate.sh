@@ -5,16 +5,17 @@
 #
 #   scripts/gpu_calibrate.sh                      # cuda: llama-3-8b shapes, validate llama-3-8b and mistral-7b
 #   scripts/gpu_calibrate.sh --device cuda:1      # another GPU
-#   scripts/gpu_calibrate.sh --device cpu --quick # dry run on a CPU (tiny-llama and tiny-llama-wide), ~3 min
+#   scripts/gpu_calibrate.sh --device cpu --quick # dry run on a CPU (tiny-llama and tiny-llama-wide), ~2 min
 #
-# Options: --rounds N (timed calibration rounds; default 10 on a GPU, where CUDA events are steady),
+# Options: --rounds N (timed calibration rounds; default 6 on a GPU, where CUDA events are steady),
 # --step-repeats N (runs of each executed validation step; default 1 on a GPU, 3 on a CPU),
 # --requests N (validation workload size, default 60),
-# --pack FILE (after every phase, pack the output folder into FILE.tgz: a run cut short by a
+# --pack FILE (after every phase, pack the output folder into FILE, a .tgz: a run cut short by a
 # time limit keeps what it finished). Each phase has its own time limit, so one that overruns
 # cannot take the others with it. Budget on an H200: about 2 min of calibration and 1-2 min of
 # validation per model. Exit status: 0 when both validations pass their tolerances, 1 when one
-# does not or a phase failed, 2 on a usage error.
+# does not or a phase failed, 2 on a usage error. Relative --out and --pack paths are taken
+# from the repository root.
 set -uo pipefail
 
 DEVICE=cuda

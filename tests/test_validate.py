@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -23,6 +21,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from calibrate.hardware import load_hardware  # noqa: E402
 from sim.cli import app  # noqa: E402
+from tests.test_cli_run import batchsim  # noqa: E402
 
 runner = CliRunner()
 
@@ -92,11 +91,19 @@ def test_documented_cpu_validation_meets_its_tolerances(tmp_path):
     assert res.exit_code == 0, res.output
 
 
-def test_refit_from_evidence_reproduces_the_profile(tmp_path):
-    """--evidence writes what a fit needs; --refit fits it again without a device (CSV keeps 9 digits)."""
-    prof, ev = tmp_path / "p.yaml", tmp_path / "ev"
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory):
+    """A quick calibration's profile and the evidence folder behind it."""
+    tmp = tmp_path_factory.mktemp("ev")
+    prof, ev = tmp / "p.yaml", tmp / "ev"
     res = runner.invoke(app, ["calibrate", "--quick", "--rounds", "2", "--out", str(prof), "--evidence", str(ev)])
     assert res.exit_code == 0, res.output
+    return prof, ev
+
+
+def test_refit_from_evidence_reproduces_the_profile(evidence, tmp_path):
+    """--evidence writes what a fit needs; --refit fits it again without a device."""
+    prof, ev = evidence
     assert {p.name for p in ev.iterdir()} == {"kernels.csv", "steps.csv", "facts.json"}
     facts = json.loads((ev / "facts.json").read_text())
     assert facts["kind"] == "cpu" and facts["launch_on"] == "host" and facts["models"] == ["tiny-llama"]
@@ -106,19 +113,50 @@ def test_refit_from_evidence_reproduces_the_profile(tmp_path):
     assert a.name == b.name and a.launch_latency_us == b.launch_latency_us
     assert a.peak_tflops == pytest.approx(b.peak_tflops, rel=1e-6)
     assert a.host_overhead.per_step_us == pytest.approx(b.host_overhead.per_step_us, rel=1e-4, abs=0.02)
-    for name, e in a.efficiency.items():
-        for (x1, y1), (x2, y2) in zip(e.memory + e.compute, b.efficiency[name].memory + b.efficiency[name].compute):
-            assert x1 == pytest.approx(x2, rel=1e-6) and y1 == pytest.approx(y2, rel=2e-3)
+    assert a.efficiency == b.efficiency  # (evidence keeps every digit: the same fit)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from sim.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("edit, message", [
+    (("facts.json", '"quick": true', '"quick": false'), "another plan"),
+    (("facts.json", '"kind": "cpu"', '"kind": "tpu"'), "kind/quick must be one of"),
+    (("facts.json", '"tiny-llama"', '"no-such-model"'), "no-such-model"),
+    (("steps.csv", "\n0,", "\n9999,"), "not in the cpu calibration plan"),
+    (("kernels.csv", ",tiny-llama,", ",tiny-llama,"), None),
+])
+def test_refit_rejects_evidence_that_does_not_match(evidence, tmp_path, edit, message):
+    import shutil
+
+    ev = tmp_path / "ev"
+    shutil.copytree(evidence[1], ev)
+    name, old, new = edit
+    text = (ev / name).read_text()
+    assert old in text or name == "kernels.csv"
+    (ev / name).write_text(text.replace(old, new, 1))
+    res = batchsim("calibrate", "--refit", str(ev), "--out", str(tmp_path / "p.yaml"))
+    if message is None:
+        assert res.returncode == 0, res.stderr
+    else:
+        assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_refit_names_the_bad_value_and_line(evidence, tmp_path):
+    import shutil
+
+    ev = tmp_path / "ev"
+    shutil.copytree(evidence[1], ev)
+    lines = (ev / "kernels.csv").read_text().splitlines()
+    lines[3] = ",".join(lines[3].split(",")[:-1] + ["0"])  # a kernel that took no time
+    (ev / "kernels.csv").write_text("\n".join(lines) + "\n")
+    res = batchsim("calibrate", "--refit", str(ev), "--out", str(tmp_path / "p.yaml"))
+    assert res.returncode == 2 and "kernels.csv:4" in res.stderr and "seconds must be" in res.stderr, res.stderr
+    (ev / "kernels.csv").write_text(lines[0] + "\n")  # a header and no rows
+    res = batchsim("calibrate", "--refit", str(ev), "--out", str(tmp_path / "p.yaml"))
+    assert res.returncode == 2 and "no rows" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_refit_names_what_is_missing(tmp_path):
     (tmp_path / "kernels.csv").write_text("model\n")
-    res = _cli("calibrate", "--refit", str(tmp_path), "--out", str(tmp_path / "p.yaml"))
+    res = batchsim("calibrate", "--refit", str(tmp_path), "--out", str(tmp_path / "p.yaml"))
     assert res.returncode == 2 and "no steps.csv" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -139,5 +177,15 @@ def test_replay_compares_a_profile_with_recorded_executor_runs(profile, tmp_path
     for r1, r2 in zip(sorted(first["metrics"], key=key), sorted(again["metrics"], key=key)):
         assert r2["simulated_ms"] == r1["simulated_ms"]
         assert r2["measured_ms"] == pytest.approx(r1["measured_ms"], rel=1e-6)
-    res = _cli("validate", "--replay", str(tmp_path), "--profile", str(profile), "--out", str(tmp_path / "x"))
+    res = batchsim("validate", "--replay", str(tmp_path), "--profile", str(profile), "--out", str(tmp_path / "x"))
     assert res.returncode == 2 and "not a validate output folder" in res.stderr and "Traceback" not in res.stderr
+    res = batchsim("validate", "--replay", str(out), "--profile", str(profile), "--out", str(out))
+    assert res.returncode == 2 and "--out must differ" in res.stderr
+    # a leftover of an earlier run into the same folder is not one of the recorded runs
+    (out / "static" / "executor_requests_1.csv").write_text("rid,status,ttft,tpot,e2el\n0,completed,9,9,9\n")
+    res = runner.invoke(app, ["validate", "--replay", str(out), "--profile", str(profile), "--out", str(tmp_path / "s")])
+    stale = json.loads((tmp_path / "s" / "validate.json").read_text())
+    assert [r["measured_ms"] for r in stale["metrics"]] == [r["measured_ms"] for r in again["metrics"]]
+    (out / "static" / "executor_requests.csv").write_text("rid\n")
+    res = batchsim("validate", "--replay", str(out), "--profile", str(profile), "--out", str(tmp_path / "t"))
+    assert res.returncode == 2 and "missing columns" in res.stderr and "Traceback" not in res.stderr

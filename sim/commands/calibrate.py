@@ -1,8 +1,9 @@
 """``batchsim calibrate`` and ``batchsim validate``: fit a profile on a device, then check it.
 
 Thin: each command parses its options, calls one library function
-(:func:`calibrate.validate.calibrate_device` or :func:`calibrate.validate.validate`),
-shows a progress bar and prints the result. torch is imported inside the
+(:func:`calibrate.validate.calibrate_device`, or ``fit_calibration`` on read-back
+evidence with ``--refit``; :func:`calibrate.validate.validate`, or ``replay`` with
+``--replay``), shows a progress bar and prints the result. torch is imported inside the
 command bodies only, so ``batchsim --help`` and simulations run without it.
 ``validate`` exits 1 when an error exceeds its tolerance, 2 on bad input.
 """
@@ -52,7 +53,7 @@ def calibrate_command(
     threads: ThreadsOpt = 1,
     rounds: Annotated[Optional[int], typer.Option(min=1, help="timed rounds of every step (default 15, 7 with --quick)")] = None,
     evidence: Annotated[Optional[Path], typer.Option(help="folder for the measurements behind the profile: kernels.csv, steps.csv, facts.json")] = None,
-    refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed)")] = None,
+    refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed; the device, dtype, model and timing options are then those recorded)")] = None,
 ) -> None:
     """Time real kernels on the device, fit a hardware profile, print the held-out fit error."""
     from rich.console import Console
@@ -79,14 +80,18 @@ def calibrate_command(
         write_evidence(cal, evidence)
     console = Console(highlight=False)
     held = cal.held_out
-    console.print(f"profile {cal.profile.name} written to {out} ({len(cal.samples)} kernels timed, "
-                  f"{cal.seconds:.0f} s)")
+    how = f"refitted from {refit}" if refit is not None else f"{cal.seconds:.0f} s"
+    console.print(f"profile {cal.profile.name} written to {out} ({len(cal.samples)} kernels timed, {how})")
     console.print(f"peak {cal.profile.peak_tflops} TFLOP/s, bandwidth {cal.profile.hbm_bandwidth_gbs:g} GB/s, "
                   f"launch {cal.profile.launch_latency_us:g} us, host {cal.profile.host_overhead.per_step_us:g} us/step "
                   f"+ {cal.profile.host_overhead.per_seq_us:g} us/seq")
     parts = ", ".join(f"{c} {v['median']:.1%}" for c, v in held.items() if c != "overall")
     console.print(f"held-out kernel error (median |predicted/measured - 1|): {held['overall']['median']:.1%} "
                   f"over {held['overall']['n']} kernels ({parts})")
+    idle = cal.facts.get("device_idle")
+    if idle:
+        console.print(f"device idle between timed kernels: median {idle['median']:.1%}, p90 {idle['p90']:.1%}"
+                      + (" [bold yellow](over 10%: some kernel times include launches)[/]" if idle["p90"] > 0.1 else ""))
 
 
 def validate_command(
@@ -101,9 +106,9 @@ def validate_command(
     repeats: Annotated[int, typer.Option(min=1, help="executor runs per policy (metrics: their median)")] = 1,
     step_repeats: Annotated[int, typer.Option(min=1, help="runs of each executed step; it costs the median run")] = 3,
     p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
-    p99_tol: Annotated[float, typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99")] = 0.25,
+    p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25; with --replay, the recorded one)")] = None,
     threads: ThreadsOpt = 1,
-    replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch)")] = None,
+    replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
 ) -> None:
     """Run one workload through the reference executor and the simulator per policy; compare."""
     from rich.console import Console
@@ -114,6 +119,11 @@ def validate_command(
     if replay is not None:
         from calibrate.validate import replay as replay_runs
 
+        if Path(out).resolve() == Path(replay).resolve():
+            from sim.errors import InputError
+
+            raise InputError("--out must differ from the --replay folder (it would overwrite the recorded runs)",
+                             "--out")
         v = replay_runs(replay, profile, tol_p50=p50_tol, tol_p99=p99_tol)
     else:
         _need_torch()
@@ -124,7 +134,7 @@ def validate_command(
             v = validate(device, profile, model=model,
                          policies=[p.strip() for p in policies.split(",") if p.strip()], requests=requests,
                          rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats, threads=threads or None,
-                         tol_p50=p50_tol, tol_p99=p99_tol, progress=tick)
+                         tol_p50=p50_tol, tol_p99=0.25 if p99_tol is None else p99_tol, progress=tick)
     files = write_validation(v, out)
     table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
     for col in ("policy", "metric", "measured", "simulated", "error", "tolerance", ""):
