@@ -156,7 +156,10 @@ class RooflineCostModel:
         link = hardware.interconnect
         self._link_bw = link.bandwidth_gbs * 1e9 * link.efficiency
         self._link_lat = link.latency_us * 1e-6
-        self._host = (hardware.host_overhead.per_step_us * 1e-6, hardware.host_overhead.per_seq_us * 1e-6)
+        host = hardware.host_overhead
+        # (per step, per sequence, per step with decode rows: per step + the decode extra)
+        self._host = (host.per_step_us * 1e-6, host.per_seq_us * 1e-6,
+                      host.per_step_us * 1e-6 + host.per_decode_step_us * 1e-6)
         self._dense_cache: dict[tuple[int, int], tuple] = {}
         # per replica: what MFU and MBU divide by
         self.peak_flops = tp * self._gemm_peak
@@ -174,12 +177,12 @@ class RooflineCostModel:
         kv_elt = 2 * k * dh * sh.b_kv
         qo = h * dh * B_ACT * 2
         l_launch = L * self._launch
-        host0, host1 = self._host
+        host0, host1, host0d = self._host
         pre = self._eff.get("attention") or self._eff.get("attention_prefill")
         dec = self._eff.get("attention") or self._eff.get("attention_decode")
         self._attn = None
         if pre is not None and dec is not None:
-            self._attn = (L, L * 4.0, h, dh, kv_elt, qo, self._peak16, self._bw, l_launch, host0, host1,
+            self._attn = (L, L * 4.0, h, dh, kv_elt, qo, self._peak16, self._bw, l_launch, host0, host1, host0d,
                           pre, pre.memory, pre.measured, {}, dec, dec.memory, dec.measured, {})
         # price_decodes (its own lookup order) and decode_flops: integer per-token constants
         run = self._eff.get("attention_decode") or self._eff.get("attention")
@@ -187,7 +190,8 @@ class RooflineCostModel:
         if run is not None and kv_elt == int(kv_elt) and qo == int(qo):
             ke, qi, kf = int(kv_elt), int(qo), L * 4 * h * dh
             if kf < _EXACT and L * ke < _EXACT:
-                self._run = (float(kf), ke, qi, float(L * ke), L, self._peak16, self._bw, l_launch, host0, host1,
+                # (every step of a run has decode rows: its per-step host time is host0d)
+                self._run = (float(kf), ke, qi, float(L * ke), L, self._peak16, self._bw, l_launch, host0d, host1,
                              run, run.memory, run.measured, {})
                 self._run_bound = (max(kf, L * ke), L * qi)
 
@@ -240,7 +244,7 @@ class RooflineCostModel:
         c = self._attn
         if breakdown or c is None:
             return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv)
-        (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1,
+        (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
          pre_eff, pre_mem, pre_range, pre_den, dec_eff, dec_mem, dec_range, dec_den) = c
         hit = self._dense_cache.get((T, shape.sampled))
         if hit is None:
@@ -266,7 +270,7 @@ class RooflineCostModel:
             nbytes += wb
             if rng is not None and not (rng[0] <= tokens <= rng[1] and rng[2] <= per <= rng[3]):
                 oor += 1
-        over += host0 + host1 * n
+        over += (host0d if n_dec else host0) + host1 * n
         t = self.tp
         return _step_cost(comp + mem + net + over, flops * t, nbytes * t, comp, mem, net, over, oor)
 
@@ -274,7 +278,7 @@ class RooflineCostModel:
                     pairs: float, pre_kv: float) -> StepCost:
         """:meth:`price` from the row sums, through :class:`Work` items (breakdowns, uncommon profiles)."""
         pre, dcd = self.shard.attention(T - n_dec, pairs, pre_kv, n_dec, ctx_dec)
-        host = self._host[0] + self._host[1] * n
+        host = self._host[2 if n_dec else 0] + self._host[1] * n
         if breakdown:
             return self._priced_breakdown(T, shape.sampled, pre, dcd, host)
         comp, mem, net, over, flops, nbytes, oor = self._dense(T, shape.sampled)
@@ -311,7 +315,7 @@ class RooflineCostModel:
         if ctx is None:
             return self._price_decodes_slow(rows, context, count, stride, sampled)
         c = self._run
-        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0, host1, eff, mem_curve, rng, den_cache = c
+        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0d, host1, eff, mem_curve, rng, den_cache = c
         # NOTE: _decode_ctx checked that every step's FLOPs and bytes are
         # integers below 2**53, where float products and sums are exact in any
         # order: fewer array operations than price's formulas, the same doubles.
@@ -343,7 +347,7 @@ class RooflineCostModel:
             mem_s = np.where(cbound, mem, mem + tm)
             seconds = comp_s + mem_s
         over = over + l_launch
-        over += host0 + host1 * rows
+        over += host0d + host1 * rows
         if net:  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
             seconds += net
         seconds += over
@@ -384,13 +388,13 @@ class RooflineCostModel:
                 network_s=np.repeat([p.network_s for p in parts], counts),
                 overhead_s=np.repeat([p.overhead_s for p in parts], counts),
                 out_of_range=cat([p.out_of_range for p in parts]))
-        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0, host1, eff, mem_curve, rng, den_cache = self._run
+        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0d, host1, eff, mem_curve, rng, den_cache = self._run
         # per stretch: its constants as columns, then one repeat per dtype to steps
         ints, floats, counts = [], [], []
         for r, c, n in segments:
             comp, mem, net, over, flops, nbytes, oor0 = self._dense(r, r)
             over = over + l_launch
-            over += host0 + host1 * r
+            over += host0d + host1 * r
             den = den_cache.get(r) or _denominator(den_cache, r, eff, peak)
             ints.append((r, c + r, oor0))
             floats.append((float(L * r * qo), den, comp, mem, net, over, flops, nbytes))
@@ -452,7 +456,7 @@ class RooflineCostModel:
         comp_s = np.where(cbound, comp + tc, comp)
         mem_s = np.where(cbound, mem, mem + tm)
         over = over + L * self._launch
-        over += self._host[0] + self._host[1] * rows
+        over += self._host[2] + self._host[1] * rows
         t = self.tp
         return DecodeRun(seconds=comp_s + mem_s + net + over, flops=(flops + w_flops) * t,
                          bytes=(nbytes + w_bytes) * t, compute_s=comp_s, memory_s=mem_s,

@@ -102,6 +102,9 @@ class HostOverhead(BaseModel):
 
     per_step_us: float = Field(ge=0)
     per_seq_us: float = Field(ge=0)
+    # NOTE: an eager decode attention launches several kernels more than a prefill's (gather,
+    # mask, SDPA): on the H200 of docs/validation.md decode steps took ~2 ms more host time
+    per_decode_step_us: float = Field(0.0, ge=0, description="more per step that has decode rows")
 
 
 class HardwareProfile(BaseModel):

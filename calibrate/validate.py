@@ -336,8 +336,8 @@ def _assemble(name: str, eff: dict[str, Efficiency], f: dict, host: HostOverhead
         "interconnect": "not measured: a placeholder; tensor-parallel predictions with this profile are uncalibrated.",
         "launch_latency": f"measured: median per-call time of empty one-element launches, {f['launch'] * 1e6:.3g} us"
                           f"{' (device time, back to back)' if f.get('launch_on') == 'device' else ''}.",
-        "host_overhead": f"fitted: per-step and per-sequence time of whole {f['models'][0]} steps (reference "
-                         "executor) beyond the sum of their kernels' predicted times.",
+        "host_overhead": f"fitted: per-step, per-sequence and decode-step time of whole {f['models'][0]} steps "
+                         "(reference executor, eager PyTorch) beyond the sum of their kernels' predicted times.",
         "efficiency": "fitted by batchsim calibrate: per operator class (and per elementwise operator) compute and "
                       "memory curves, as fractions of the measured peaks above, minimising absolute log error over "
                       f"every kernel timed in place inside whole steps of {', '.join(f['models'])} (reference "
@@ -347,7 +347,8 @@ def _assemble(name: str, eff: dict[str, Efficiency], f: dict, host: HostOverhead
                         **({"device_idle_between_kernels": f["device_idle"]} if "device_idle" in f else {})},
     }
     return HardwareProfile(
-        name=name, description=f"{f['device']} ({dt}), calibrated by batchsim", calibrated=True,
+        name=name, description=f"{f['device']} ({dt}), calibrated by batchsim: kernel times from this device, host "
+                               "overhead from the reference executor's eager PyTorch steps", calibrated=True,
         peak_tflops={dt: round(f["P"] / 1e12, 6)}, memory_gib=round(memory_gib, 2),
         hbm_bandwidth_gbs=round(f["W"] / 1e9, 3),
         interconnect={"name": "none (not measured)", "bandwidth_gbs": 1.0, "latency_us": 0.0, "efficiency": 1.0},

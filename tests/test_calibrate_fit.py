@@ -152,4 +152,19 @@ def test_fit_host_recovers_step_and_sequence_overheads():
     assert host.per_step_us == pytest.approx(400, abs=15) and host.per_seq_us == pytest.approx(25, abs=2)
     # measured below the kernels' sum: no negative overhead
     zero = fit_host(shapes, predicted * 0.9, predicted)
-    assert zero.per_step_us == 0 and zero.per_seq_us == 0
+    assert zero.per_step_us == 0 and zero.per_seq_us == 0 and zero.per_decode_step_us == 0
+    assert host.per_decode_step_us == pytest.approx(0, abs=30)
+
+
+def test_fit_host_recovers_the_decode_steps_extra():
+    """Eager decode attention launches more than a prefill's: decode steps' own host term."""
+    shapes = [s for s, _ in plan_steps("cuda", quick=False)]
+    rows = np.array([s.num_rows for s in shapes])
+    dec = np.array([bool(((s.q == 1) & (s.kv > 0)).any()) for s in shapes])
+    assert 0 < dec.sum() < len(dec)
+    predicted = np.full(len(shapes), 3e-3)
+    measured = predicted + 2000e-6 + 10e-6 * rows + 1000e-6 * dec
+    host = fit_host(shapes, measured, predicted)
+    assert host.per_step_us == pytest.approx(2000, rel=0.03)
+    assert host.per_decode_step_us == pytest.approx(1000, rel=0.05)
+    assert host.per_seq_us == pytest.approx(10, rel=0.2)
