@@ -127,6 +127,18 @@ class DecodeRun(NamedTuple):
                           int(self.out_of_range[j]))
 
 
+def _from_sums(n: int, sums: tuple) -> tuple:
+    """``(T, n_dec, ctx_dec, pairs, pre_kv)`` of a step of ``n`` rows from its row sums
+    (``StepShape.sums``): the integers :meth:`RooflineCostModel.price` reduces rows to."""
+    T, n_dec, ctx_dec, qkv, qq, kv_read = sums
+    if T == n and qq == n:  # every row one token: the fast path's expressions
+        pairs = pre_kv = float(n - n_dec)
+    else:
+        pairs = (2 * qkv + qq + T) / 2.0 - ctx_dec
+        pre_kv = kv_read + T - ctx_dec
+    return T, n_dec, ctx_dec, pairs, pre_kv
+
+
 class RooflineCostModel:
     """Prices steps of ``model`` on ``hardware`` at tensor-parallel size ``tp``.
 
@@ -210,14 +222,9 @@ class RooflineCostModel:
             return _ZERO
         sums = shape.sums
         if sums is not None:  # (the engine's own row sums: the same integers as below)
-            T, n_dec, ctx_dec, qkv, qq, kv_read = sums
+            T, n_dec, ctx_dec, pairs, pre_kv = _from_sums(n, sums)
             if T == 0:
                 return _ZERO
-            if T == n and qq == n:  # every row one token: the fast path's expressions
-                pairs = pre_kv = float(n - n_dec)
-            else:
-                pairs = (2 * qkv + qq + T) / 2.0 - ctx_dec
-                pre_kv = kv_read + T - ctx_dec
         else:
             if q.dtype == _I64 and q.tobytes() == (_ONES.get(n) or _ones(n)):
                 T, ones = n, True  # what the reductions below find for all-ones rows, without reducing
@@ -244,11 +251,28 @@ class RooflineCostModel:
         c = self._attn
         if breakdown or c is None:
             return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv)
+        return self._price_fast(c, n, T, n_dec, ctx_dec, pairs, pre_kv, shape.sampled)
+
+    def price_sums(self, n: int, sums: tuple, sampled: int) -> StepCost | None:
+        """:meth:`price` of a step given as its row count, its row sums (``StepShape.sums``)
+        and its sampled rows, with no arrays; None where only the slow path prices (then
+        build the StepShape and call :meth:`price`)."""
+        c = self._attn
+        if c is None:
+            return None
+        T, n_dec, ctx_dec, pairs, pre_kv = _from_sums(n, sums)
+        if T == 0:
+            return _ZERO
+        return self._price_fast(c, n, T, n_dec, ctx_dec, pairs, pre_kv, sampled)
+
+    def _price_fast(self, c: tuple, n: int, T: int, n_dec: int, ctx_dec: int, pairs: float, pre_kv,
+                    sampled: int) -> StepCost:
+        """:meth:`price`'s fast path from the step's reductions."""
         (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
          pre_eff, pre_mem, pre_range, pre_den, dec_eff, dec_mem, dec_range, dec_den) = c
-        hit = self._dense_cache.get((T, shape.sampled))
+        hit = self._dense_cache.get((T, sampled))
         if hit is None:
-            hit = self._dense(T, shape.sampled)
+            hit = self._dense(T, sampled)
         comp, mem, net, over, flops, nbytes, oor = hit
         # ShardShape.attention's Work items priced as _roofline would, prefill then decode
         for tokens, wf, wb, eff, mem_curve, rng, dens in (

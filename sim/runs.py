@@ -83,6 +83,21 @@ def _cohort_shape(kc: np.ndarray, tot: int, qo: list, ctx: list, sampled: int) -
     return StepShape(q=q_arr, kv=kv_arr, sampled=sampled + k, sums=(T, nd, cd, qkv, qq, tot))
 
 
+def _chunk_sums(n: int, tot: int, q: int, c: int) -> tuple:
+    """The row sums (StepShape.sums) :func:`_cohort_shape` gives a step of ``n`` cohort rows
+    over ``tot`` cached tokens in all plus one row of ``q`` tokens over ``c``: the same
+    integers, without building the step's arrays."""
+    if q == 1 and c > 0:  # (that row is a decode)
+        return (n + q, n + 1, tot + n + c + 1, tot + q * c, n + q * q, tot + c)
+    return (n + q, n, tot + n, tot + q * c, n + q * q, tot + c)
+
+
+def _chunk_shape(kc: np.ndarray, ctx0: int, n: int, j: int, q: int, c: int, num_tokens: int) -> StepShape:
+    """Step ``j`` of a chunk run as a StepShape: the cohort (contexts ``kc`` at step 0,
+    summing to ``ctx0``) one token on per step, then the prompt's chunk of ``q`` over ``c``."""
+    return _cohort_shape(kc + j, ctx0 + n * j, [q], [c], int(c + q == num_tokens))
+
+
 def _by_finish(done: np.ndarray, ctx: np.ndarray) -> tuple[list, list, list]:
     """Rows ordered by the step they finish in (``done``), for :func:`_stretches`: the
     distinct finishing steps, the sorted steps, and prefix sums of the rows' contexts
@@ -502,20 +517,21 @@ class Runs:
             c += q
         kc = co.ctx
         ctx0 = int(kc.sum())
-        price = self.cost.price
-        costs, shapes, end, ends = [], [], start, []
+        price, price_sums = self.cost.price, self.cost.price_sums
+        costs, sums, end, ends = [], [shape.sums], start, []
         t_stop = self._price_until(start, t_a, horizon, trunc)
         for j in range(k):
-            if j:  # (the shape _grow_and_shape would give step j)
+            if j:  # (step j's row sums, as the shape _grow_and_shape would give it has them)
                 q, cj = qs[j], cs[j]
-                sh = _cohort_shape(kc + j, ctx0 + n * j, [q], [cj], int(cj + q == p.num_tokens))
+                sums.append(_chunk_sums(n, ctx0 + n * j, q, cj))
+                cost = price_sums(n + 1, sums[j], n + int(cj + q == p.num_tokens))
+                if cost is None:
+                    cost = price(_chunk_shape(kc, ctx0, n, j, q, cj, p.num_tokens))
             else:
-                sh = shape
-            cost = price(sh)
+                cost = price(shape)
             if not cost.seconds > 0:
                 return (None, costs[0]) if costs else (None, cost)
             end = start + cost.seconds if j == 0 else end + cost.seconds
-            shapes.append(sh)
             costs.append(cost)
             ends.append(end)
             if end >= t_stop:
@@ -539,7 +555,7 @@ class Runs:
             return None, costs[0]
         if not trunc:
             self._grant_chunks(rid, k, cs, qs, grow)
-        chunk = (rid, qs[:k], cs[:k], shapes[:k], costs[:k], grow[:k])
+        chunk = (rid, qs[:k], cs[:k], sums[:k], costs[:k], grow[:k], shape, kc.copy(), ctx0)
         return _Run(k, None, None, ends[:k], None, None, start, 0, trunc, chunk=chunk), None
 
     def _grant_chunks(self, rid: int, k: int, cs: list, qs: list, grow: list) -> None:
@@ -553,7 +569,7 @@ class Runs:
         """Apply steps 0..k-2 of a chunk run in bulk; return step k-1's plan, shape, cost,
         useful FLOPs and start."""
         co, k, ends = self._cohort, run.k, run.ends
-        rid, qs, cs, shapes, costs, grow = run.chunk
+        rid, qs, cs, sums, costs, grow, shape0, kc, ctx0 = run.chunk
         m = k - 1
         p = self.seqs[rid]
         n = len(co)
@@ -561,10 +577,11 @@ class Runs:
             self._grant_chunks(rid, k, cs, qs, grow)
         last_plan = BatchPlan(num_tokens={**dict.fromkeys(co.rids, 1), rid: qs[m]}, decode_cohort=True)
         if not m:
-            return last_plan, shapes[0], costs[0], costs[0].flops, run.start
+            return last_plan, shape0, costs[0], costs[0].flops, run.start
+        last_shape = _chunk_shape(kc, ctx0, n, m, qs[m], cs[m], p.num_tokens)
         used = self.kv.used_blocks - grow[m] + np.array(grow[:m])
         cs_m = costs[:m]
-        sums = [sh.sums for sh in shapes[:m]]
+        sums = sums[:m]
         decode = np.array([x[1] for x in sums])
         prefill = np.array([x[0] for x in sums]) - decode
         self.steps.extend(
@@ -579,7 +596,7 @@ class Runs:
         p.num_computed = cs[m]
         self._add_busy([x.seconds for x in cs_m])
         self.fast_forward_steps += m
-        return last_plan, shapes[m], costs[m], costs[m].flops, float(ends[m - 1])
+        return last_plan, last_shape, costs[m], costs[m].flops, float(ends[m - 1])
 
     def _truncate(self) -> None:
         """A request was routed here during a run: end the run with the step in flight.
