@@ -173,6 +173,7 @@ class RooflineCostModel:
         self._host = (host.per_step_us * 1e-6, host.per_seq_us * 1e-6,
                       host.per_step_us * 1e-6 + host.per_decode_step_us * 1e-6)
         self._dense_cache: dict[tuple[int, int], tuple] = {}
+        self._dense_tokens: dict[int, tuple] = {}  # _dense's totals before the LM head, by tokens
         # per replica: what MFU and MBU divide by
         self.peak_flops = tp * self._gemm_peak
         self.peak_bandwidth = tp * self._bw
@@ -552,9 +553,29 @@ class RooflineCostModel:
         hit = self._dense_cache.get(key)
         if hit is not None:
             return hit
-        comp = mem = over = flops = nbytes = 0.0
-        oor = 0
-        for w in self.shard.dense(tokens, sampled):
+        # NOTE: the token-count operators' running totals are memoised by tokens alone
+        # (a prefill's token count recurs with other sampled counts), then the LM head,
+        # last in shard.dense's order, is added as the one loop over all of them would.
+        part = self._dense_tokens.get(tokens)
+        if part is None:
+            part = self._fold(self.shard.dense(tokens, 0), (0.0, 0.0, 0.0, 0.0, 0.0, 0))
+            if len(self._dense_tokens) >= _CACHE_LIMIT:
+                self._dense_tokens.clear()
+            self._dense_tokens[tokens] = part
+        comp, mem, over, flops, nbytes, oor = (
+            self._fold((self.shard.lm_head(sampled),), part) if sampled > 0 else part)
+        net, sent, _ = self._allreduce(tokens)
+        out = (comp, mem, net, over, flops, nbytes + sent, oor)
+        if len(self._dense_cache) >= _CACHE_LIMIT:
+            self._dense_cache.clear()
+        self._dense_cache[key] = out
+        return out
+
+    def _fold(self, works, totals: tuple) -> tuple:
+        """``totals`` (compute, memory, launch, FLOPs, bytes, out-of-range) plus each of
+        ``works`` in order, as :meth:`_dense` sums them."""
+        comp, mem, over, flops, nbytes, oor = totals
+        for w in works:
             tc, tm, o = self._roofline(w)
             if tc >= tm:
                 comp += tc
@@ -564,12 +585,7 @@ class RooflineCostModel:
             flops += w.flops
             nbytes += w.bytes
             oor += o
-        net, sent, _ = self._allreduce(tokens)
-        out = (comp, mem, net, over, flops, nbytes + sent, oor)
-        if len(self._dense_cache) >= _CACHE_LIMIT:
-            self._dense_cache.clear()
-        self._dense_cache[key] = out
-        return out
+        return comp, mem, over, flops, nbytes, oor
 
     def _priced_breakdown(self, tokens: int, sampled: int, pre: Work | None, dcd: Work | None,
                           host: float) -> StepCost:

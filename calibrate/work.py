@@ -135,10 +135,14 @@ class ShardShape:
         ]
         out += self._moe(tokens) if m.is_moe else self._mlp(T)
         if sampled > 0:
-            S = float(sampled)
-            lm = self.gemm("lm_head", 1, S, d, self.vocab, weights=d * self.vocab * B_ACT)
-            out.append(lm._replace(bytes=lm.bytes + S * self.vocab * (4 - B_ACT)))  # fp32 logits
+            out.append(self.lm_head(sampled))
         return out
+
+    def lm_head(self, sampled: int) -> Work:
+        """The LM head over ``sampled`` rows (last in :meth:`dense`), fp32 logits written."""
+        S, d = float(sampled), self.model.hidden_size
+        lm = self.gemm("lm_head", 1, S, d, self.vocab, weights=d * self.vocab * B_ACT)
+        return lm._replace(bytes=lm.bytes + S * self.vocab * (4 - B_ACT))
 
     def _mlp(self, T: float) -> list[Work]:
         m = self.model
