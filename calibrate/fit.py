@@ -33,7 +33,7 @@ from calibrate.work import ShardShape, Work
 from sim.types import StepShape
 
 __all__ = ["Case", "Sample", "GEMMS", "ELEMENTWISE", "HELD_OUT_GEMM", "PRESETS", "plan_steps", "step_works",
-           "samples_of", "fit_class", "fit_efficiency", "predict_seconds", "held_out_error", "fit_host"]
+           "step_size", "samples_of", "fit_class", "fit_efficiency", "predict_seconds", "held_out_error", "fit_host"]
 
 GEMMS = ("qkv_proj", "o_proj", "mlp_gate_up", "mlp_down", "lm_head")
 ELEMENTWISE = ("embedding", "norms", "rotary", "kv_cache_write", "mlp_act")
@@ -127,13 +127,18 @@ def step_works(model: ModelSpec, shape: StepShape, dtype: str = "bf16") -> dict[
     return works
 
 
+def step_size(shape: StepShape) -> tuple[int, int, int]:
+    """A calibration step's size as its samples and evidence record it: (rows, tokens, longest context)."""
+    return shape.num_rows, shape.num_tokens, int((shape.q + shape.kv).max())
+
+
 def samples_of(model: ModelSpec, plan: Sequence[tuple[StepShape, bool]], kernels: Sequence[dict[str, list[float]]],
                dtype: str = "bf16") -> list[Sample]:
     """One sample per kernel and step: the median of its timed calls (all layers, all rounds)."""
     out = []
     for (shape, held), times in zip(plan, kernels):
         works = step_works(model, shape, dtype)
-        size = (shape.num_rows, shape.num_tokens, int((shape.q + shape.kv).max()))
+        size = step_size(shape)
         for name, ts in sorted(times.items()):
             w = works[name]
             case = Case(model.name, name, size, held or name == HELD_OUT_GEMM)

@@ -27,15 +27,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from calibrate.fit import Sample, fit_efficiency, fit_host, held_out_error, plan_steps, samples_of
+from calibrate.fit import Sample, fit_efficiency, fit_host, held_out_error, plan_steps, samples_of, step_size
 from calibrate.hardware import Efficiency, HardwareProfile, HostOverhead, load_hardware
 from calibrate.models import ModelSpec, load_model
 from sim.errors import InputError
 
 __all__ = ["Calibration", "calibrate_device", "fit_calibration", "write_evidence", "read_evidence", "POLICIES",
-           "Validation", "validate", "replay", "write_validation", "DEFAULT_MODELS", "METRICS"]
+           "Validation", "validate", "replay", "write_validation", "DEFAULT_MODELS", "METRICS", "TOL_P99"]
 
 DEFAULT_MODELS = {"cpu": ("tiny-llama",), "cuda": ("llama-3-8b",)}
+TOL_P99 = 0.25  # validate's default tolerance on TTFT/TPOT p99
 Progress = Callable[[int, int, str], None]
 
 
@@ -127,7 +128,7 @@ def calibrate_device(device: str = "cpu", dtype: str = "bf16", quick: bool = Fal
     f.update(device=K.device_name(dev), software=K.software_versions(dev), quick=quick, dtype=dtype,
              models=[m.name for m in specs], kind=dev.type, memory_gib=_memory_gib(dev),
              date=datetime.date.today().isoformat())
-    return fit_calibration(samples, f, name or _slug(dev.type, f["device"]), time.perf_counter() - start)
+    return fit_calibration(samples, f, name, time.perf_counter() - start)
 
 
 def _raised(samples: Sequence[Sample], f: dict) -> tuple[float, float]:
@@ -148,13 +149,14 @@ def _raised(samples: Sequence[Sample], f: dict) -> tuple[float, float]:
             max(f["bw"], max(s.bytes / x for s, x in zip(samples, t))))
 
 
-def fit_calibration(samples: list[Sample], f: dict, name: str, seconds: float = 0.0) -> Calibration:
+def fit_calibration(samples: list[Sample], f: dict, name: str | None = None, seconds: float = 0.0) -> Calibration:
     """Fit the profile to timed kernels and whole steps: the device-free half of a calibration.
 
     ``f`` holds the measured facts (``peak``, ``bw``, ``launch``, ``steps`` as
     (shape, held_out, seconds), ``device``, ``software``, ``dtype``, ``quick``,
-    ``models``, ``memory_gib``, ``date``), as :func:`calibrate_device` measures
-    them or :func:`read_evidence` reads them back.
+    ``models``, ``kind``, ``memory_gib``, ``date``), as :func:`calibrate_device`
+    measures them or :func:`read_evidence` reads them back. ``name`` defaults to
+    one made from the device kind and name.
     """
     from calibrate.costmodel import RooflineCostModel
 
@@ -162,13 +164,14 @@ def fit_calibration(samples: list[Sample], f: dict, name: str, seconds: float = 
     spec = load_model(f["models"][0])
     f["P"], f["W"] = _raised(samples, f)
     eff = fit_efficiency(samples, f["P"], f["W"], f["launch"])
-    profile = _assemble(name, eff, f, HostOverhead(per_step_us=0, per_seq_us=0), f["memory_gib"])
+    profile = _assemble(name or _slug(f["kind"], f["device"]), eff, f, HostOverhead(per_step_us=0, per_seq_us=0),
+                        f["memory_gib"])
     train = [(shape, wall) for shape, held, wall in f["steps"] if not held]
     cm = RooflineCostModel(spec, profile, dtype=dtype)
     host = fit_host([s for s, _ in train], [w for _, w in train], [cm.price(s).seconds for s, _ in train])
     profile = _assemble(profile.name, eff, f, host, profile.memory_gib)
     cm = RooflineCostModel(spec, profile, dtype=dtype)
-    steps = [{"step": i, "rows": s.num_rows, "tokens": s.num_tokens, "context": int((s.q + s.kv).max()),
+    steps = [{"step": i, **dict(zip(("rows", "tokens", "context"), step_size(s))),
               "held_out": held, "measured_s": w, "predicted_s": cm.price(s).seconds}
              for i, (s, held, w) in enumerate(f["steps"])]
     held = held_out_error(profile, samples, dtype)
@@ -207,8 +210,8 @@ _KERNEL_COLUMNS = ("model", "kernel", "rows", "tokens", "context", "held_out", "
                    "work_tokens", "seconds")
 
 
-def _evidence_frame(path: Path, columns: Sequence[str], numeric: Sequence[str], positive: Sequence[str]):
-    """A non-empty CSV with these columns, finite numbers in ``numeric``, > 0 in ``positive``."""
+def _read_csv(path: Path, columns: Sequence[str]):
+    """A CSV that has these columns, or InputError naming the file."""
     import pandas as pd
 
     try:
@@ -218,6 +221,14 @@ def _evidence_frame(path: Path, columns: Sequence[str], numeric: Sequence[str], 
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise InputError(f"missing columns {missing}", str(path))
+    return df
+
+
+def _evidence_frame(path: Path, columns: Sequence[str], numeric: Sequence[str], positive: Sequence[str]):
+    """A non-empty CSV with these columns, finite numbers in ``numeric``, > 0 in ``positive``."""
+    import pandas as pd
+
+    df = _read_csv(path, columns)
     if df.empty:
         raise InputError("no rows", str(path))
     for c in numeric:
@@ -287,7 +298,7 @@ def read_evidence(folder: str | Path) -> tuple[list[Sample], dict]:
             raise InputError(f"step {i} is not in the {facts['kind']} calibration plan ({len(plan)} steps)",
                              f"{paths['steps.csv']}:{line}")
         shape, held = plan[i]
-        want = (shape.num_rows, shape.num_tokens, int((shape.q + shape.kv).max()), held)
+        want = (*step_size(shape), held)
         got = (int(r.rows), int(r.tokens), int(r.context), str(r.held_out) == "True")
         if got != want:
             raise InputError(f"step {i} is (rows, tokens, context, held_out) = {got}, but the calibration plan's "
@@ -426,7 +437,7 @@ def _step_summary(log: list, executed: list) -> dict:
 def validate(device: str = "cpu", profile: str | Path = "", model: str | None = None,
              policies: Sequence[str] = tuple(POLICIES), requests: int = 60, rate: float = 4.0, seed: int = 0,
              repeats: int = 1, step_repeats: int = 3, threads: int | None = 1, tol_p50: float | None = None,
-             tol_p99: float | None = 0.25, progress: Progress | None = None) -> Validation:
+             tol_p99: float | None = TOL_P99, progress: Progress | None = None) -> Validation:
     """Run the workload through the executor and the simulator for each policy; compare.
 
     Tolerances bound |simulated / measured - 1| for TTFT and TPOT (E2E is
@@ -534,7 +545,7 @@ def replay(folder: str | Path, profile: str | Path, tol_p50: float | None = None
     for name in policies:
         # NOTE: the recorded runs only (executor_requests.csv, then _1.._{repeats-1}), not leftovers
         # of an earlier run into the same folder
-        files = [folder / name / f"executor_requests{'' if i == 0 else f'_{i}'}.csv" for i in range(int(meta["repeats"]))]
+        files = [folder / name / _requests_name(i) for i in range(int(meta["repeats"]))]
         executed = [_Recorded(_requests_csv(f)) for f in files]
         try:
             sc = _scenario(str(meta["model"]), str(profile), str(meta["dtype"]), POLICIES[name],
@@ -549,20 +560,16 @@ def replay(folder: str | Path, profile: str | Path, tol_p50: float | None = None
     return Validation(meta, rows, {}, runs)
 
 
+def _requests_name(i: int) -> str:
+    """The file of an executor run's requests: the first run's, then ``_1``, ``_2``..."""
+    return f"executor_requests{'' if i == 0 else f'_{i}'}.csv"
+
+
 def _requests_csv(path: Path):
     """An executor's recorded requests (status and the latency columns), or InputError."""
-    import pandas as pd
-
     if not path.is_file():
         raise InputError("missing: validate.json records this run", str(path))
-    try:
-        df = pd.read_csv(path)
-    except (ValueError, OSError) as e:
-        raise InputError(f"unreadable CSV: {e}", str(path)) from None
-    missing = [c for c in ("status", *METRICS) if c not in df.columns]
-    if missing:
-        raise InputError(f"missing columns {missing}", str(path))
-    return df
+    return _read_csv(path, ("status", *METRICS))
 
 
 def _compare(policy: str, executed: list, simulated, tol_p50: float, tol_p99: float | None) -> list[dict]:
@@ -595,7 +602,7 @@ def write_validation(v: Validation, out: str | Path) -> dict[str, Path]:
     write_csv(files["validate.csv"], pd.DataFrame(v.rows))
     for policy, run in v.runs.items():
         for i, r in enumerate(run["executor"]):
-            write_csv(out / policy / (f"executor_requests{'' if i == 0 else f'_{i}'}.csv"), r.requests)
+            write_csv(out / policy / _requests_name(i), r.requests)
         write_csv(out / policy / "simulator_requests.csv", run["simulator"].requests)
         if run["executor"]:
             write_csv(out / policy / "executor_steps.csv", run["executor"][0].steps)

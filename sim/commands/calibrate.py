@@ -61,10 +61,9 @@ def calibrate_command(
     from calibrate.hardware import save_hardware
 
     if refit is not None:
-        from calibrate.validate import _slug, fit_calibration, read_evidence
+        from calibrate.validate import fit_calibration, read_evidence
 
-        samples, facts = read_evidence(refit)
-        cal = fit_calibration(samples, facts, name or _slug(facts["kind"], facts["device"]))
+        cal = fit_calibration(*read_evidence(refit), name)
     else:
         _need_torch()
         from calibrate.validate import calibrate_device
@@ -84,7 +83,8 @@ def calibrate_command(
     console.print(f"profile {cal.profile.name} written to {out} ({len(cal.samples)} kernels timed, {how})")
     console.print(f"peak {cal.profile.peak_tflops} TFLOP/s, bandwidth {cal.profile.hbm_bandwidth_gbs:g} GB/s, "
                   f"launch {cal.profile.launch_latency_us:g} us, host {cal.profile.host_overhead.per_step_us:g} us/step "
-                  f"+ {cal.profile.host_overhead.per_seq_us:g} us/seq")
+                  f"+ {cal.profile.host_overhead.per_seq_us:g} us/seq "
+                  f"+ {cal.profile.host_overhead.per_decode_step_us:g} us per step with decode rows")
     parts = ", ".join(f"{c} {v['median']:.1%}" for c, v in held.items() if c != "overall")
     console.print(f"held-out kernel error (median |predicted/measured - 1|): {held['overall']['median']:.1%} "
                   f"over {held['overall']['n']} kernels ({parts})")
@@ -106,7 +106,7 @@ def validate_command(
     repeats: Annotated[int, typer.Option(min=1, help="executor runs per policy (metrics: their median)")] = 1,
     step_repeats: Annotated[int, typer.Option(min=1, help="runs of each executed step; it costs the median run")] = 3,
     p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
-    p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25; with --replay, the recorded one)")] = None,
+    p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25, calibrate.validate.TOL_P99; with --replay, the recorded one)")] = None,
     threads: ThreadsOpt = 1,
     replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
 ) -> None:
@@ -127,14 +127,14 @@ def validate_command(
         v = replay_runs(replay, profile, tol_p50=p50_tol, tol_p99=p99_tol)
     else:
         _need_torch()
-        from calibrate.validate import validate
+        from calibrate.validate import TOL_P99, validate
 
         bar, tick = _progress("validating")
         with bar:
             v = validate(device, profile, model=model,
                          policies=[p.strip() for p in policies.split(",") if p.strip()], requests=requests,
                          rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats, threads=threads or None,
-                         tol_p50=p50_tol, tol_p99=0.25 if p99_tol is None else p99_tol, progress=tick)
+                         tol_p50=p50_tol, tol_p99=TOL_P99 if p99_tol is None else p99_tol, progress=tick)
     files = write_validation(v, out)
     table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
     for col in ("policy", "metric", "measured", "simulated", "error", "tolerance", ""):
