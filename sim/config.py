@@ -75,6 +75,10 @@ class Scenario(BaseModel):
     measure: MeasureConfig = Field(default_factory=MeasureConfig)
     fast_forward: bool = Field(True, description="price and apply runs of steady decode steps in one "
                                                  "event (exact: the same records as step by step)")
+    engine: Literal["auto", "python", "core"] = Field(
+        "auto", description="auto: the compiled core (sim/_core.c) when it covers the scenario and a C "
+                            "compiler is at hand, else the Python engine; python; core (an error if it "
+                            "cannot). Both give the same records byte for byte")
 
     @field_validator("policy", mode="before")
     @classmethod

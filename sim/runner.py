@@ -20,7 +20,7 @@ import policies
 from calibrate.costmodel import RooflineCostModel
 from calibrate.hardware import load_hardware
 from calibrate.models import load_model
-from sim import __version__
+from sim import __version__, core
 from sim.config import Scenario
 from sim.engine import Cluster, Replica
 from sim.io import write_csv, write_json
@@ -121,30 +121,51 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     max_model_len, steps, itl)``; the reference executor passes a
     :class:`~sim.engine.Replica` subclass that times real steps.
     """
-    env = simpy.Environment()
     aggregate = scenario.measure.records == "aggregate"
     if aggregate:
         steps, itl = StepTotals(scenario.replicas), ItlAggregate(scenario.replicas, _measured(parts.workload, scenario))
     else:
         steps, itl = StepLog(), ItlLog()
-    replicas = []
-    for i in range(scenario.replicas):
-        policy = policies.create_policy(scenario.policy)
-        cfg = policy.config
-        kv = _kv_cache(parts, cfg)
-        max_len = min(parts.max_model_len, cfg.max_model_len or parts.max_model_len)
-        replicas.append(replica(env, i, policy, parts.cost, kv, max_len, steps,
-                                itl.sink(i) if aggregate else itl))
-    route = make_router(scenario.router, _seeds(scenario.seed)[1])
-    cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
-    if scenario.fast_forward:
-        for r in replicas:
-            r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s, cluster.arrival_times)
-    env.run(until=scenario.horizon_s)
-    cluster.sync()  # running sequences' attributes up to date (sim.cohort)
-    requests = request_frame(cluster.requests)
+    pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
+    caches = [_kv_cache(parts, p.config) for p in pols]
+    max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
+    why = None
+    if scenario.engine != "python":
+        why = core.unsupported(pols[0], parts.cost, scenario.router, replica, type(caches[0]))
+        if why is None and core.library() is None:
+            why = f"the compiled core could not be built ({core.library_error()})"
+        if why is not None and scenario.engine == "core":
+            raise InputError(f"engine: core cannot run this scenario: {why}", "engine")
+    if why is None and scenario.engine != "python":
+        ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
+                            caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
+                            scenario.max_queue_len, steps,
+                            [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)])
+        requests_list, now = ran.requests, ran.now
+        for c, peak in zip(caches, ran.kv_peak):
+            c.peak_used = peak
+        unfinished = sum(1 for s in requests_list if s.status == UNFINISHED)
+        if unfinished != ran.held:
+            raise RuntimeError(f"conservation broken: {unfinished} unfinished request(s) but {ran.held} "
+                               "queued or running")
+        engine = {"steps": ran.steps, "fast_forward_steps": 0, "engine": "core", "held": ran.held}
+    else:
+        env = simpy.Environment()
+        replicas = [replica(env, i, pol, parts.cost, kv, max_len, steps, itl.sink(i) if aggregate else itl)
+                    for i, (pol, kv) in enumerate(zip(pols, caches))]
+        route = make_router(scenario.router, _seeds(scenario.seed)[1])
+        cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
+        if scenario.fast_forward:
+            for r in replicas:
+                r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s, cluster.arrival_times)
+        env.run(until=scenario.horizon_s)
+        cluster.sync()  # running sequences' attributes up to date (sim.cohort)
+        _check_unfinished_are_held(cluster)
+        requests_list, now = cluster.requests, env.now
+        engine = {"steps": len(steps), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas),
+                  "engine": "python"}
+    requests = request_frame(requests_list)
     _check_conservation(requests, parts.workload, scenario.horizon_s)
-    _check_unfinished_are_held(cluster)
     if aggregate:
         step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
         itl_df = pd.DataFrame({"rid": np.empty(0, dtype=np.int64), "gap": np.empty(0)})
@@ -163,26 +184,25 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
                 float(step_df["end"].max()) if len(step_df) else 0.0)
     last = max([last_end if last_end > -math.inf else 0.0,
                 float(parts.workload.arrival[-1]) if len(parts.workload) else 0.0])
-    sim_end = env.now if unfinished else last
-    kv0 = replicas[0].kv
+    sim_end = now if unfinished else last
+    kv0 = caches[0]
     totals = RunTotals(
         replicas=scenario.replicas, sim_end=sim_end, peak_flops=parts.cost.peak_flops,
         peak_bandwidth=parts.cost.peak_bandwidth, kv_total_blocks=kv0.total_blocks,
-        kv_peak_blocks=max(r.kv.peak_used for r in replicas),
+        kv_peak_blocks=max(c.peak_used for c in caches),
         warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
     )
-    summary = summarize(requests, steps if aggregate else step_df, itl if aggregate else itl_df, totals, policy=replicas[0].policy.name,
+    summary = summarize(requests, steps if aggregate else step_df, itl if aggregate else itl_df, totals, policy=pols[0].name,
                         slo=scenario.slo.limits())
     if kv0.prefix_caching:
-        hits, looks = sum(r.kv.hits for r in replicas), sum(r.kv.lookups for r in replicas)
+        hits, looks = sum(c.hits for c in caches), sum(c.lookups for c in caches)
         summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
     if scenario.replicas > 1:
         summary.update(_per_replica(requests, scenario.replicas))
-    meta = dict(parts.meta, policy=replicas[0].policy.name, kv_blocks=kv0.total_blocks,
+    meta = dict(parts.meta, policy=pols[0].name, kv_blocks=kv0.total_blocks,
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
-    engine = {"steps": len(steps), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas)}
     return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
 
 

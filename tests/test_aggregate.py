@@ -53,8 +53,8 @@ def test_aggregate_summary_matches_full_records(policy):
 
 @pytest.mark.parametrize("policy", ["dynamic", "continuous"])
 def test_aggregate_is_identical_with_fast_forward_on_and_off(policy):
-    on = _run(_raw(policy, "aggregate", fast_forward=True))
-    off = _run(_raw(policy, "aggregate", fast_forward=False))
+    on = _run(_raw(policy, "aggregate", fast_forward=True, engine="python"))
+    off = _run(_raw(policy, "aggregate", fast_forward=False, engine="python"))
     assert on.engine["fast_forward_steps"] > 0
     assert on.summary == off.summary
 

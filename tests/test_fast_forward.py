@@ -82,7 +82,7 @@ def _scenario(policy: dict, **kw) -> dict:
 
 
 def _outputs(raw: dict, fast_forward: bool, tmp_path, tag: str):
-    sc = scenario_from_dict(dict(raw, fast_forward=fast_forward))
+    sc = scenario_from_dict(dict(raw, fast_forward=fast_forward, engine="python"))  # (the Python engine: tests/test_core.py covers the core)
     result = simulate(sc, build_parts(sc))
     out = write_outputs(result, tmp_path / f"{tag}-{fast_forward}")
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
@@ -123,7 +123,7 @@ def test_fast_forward_on_and_off_write_identical_outputs(policy, extra, tmp_path
 def test_fast_forward_handles_arrivals_tied_with_step_ends(policy, replicas, router, tmp_path):
     """Arrivals placed exactly on step boundaries of the step-by-step run."""
     raw = _scenario(POLICIES[policy], replicas=replicas, router=router)
-    sc = scenario_from_dict(dict(raw, fast_forward=False))
+    sc = scenario_from_dict(dict(raw, fast_forward=False, engine="python"))
     parts = build_parts(sc)
     ref = simulate(sc, parts)
     ends = ref.steps["end"].to_numpy()
@@ -138,7 +138,7 @@ def test_fast_forward_handles_arrivals_tied_with_step_ends(policy, replicas, rou
     parts = replace(parts, workload=replace(wl, arrival=arrival))
     outs = []
     for ff in (False, True):
-        sc = scenario_from_dict(dict(raw, fast_forward=ff))
+        sc = scenario_from_dict(dict(raw, fast_forward=ff, engine="python"))
         r = simulate(sc, parts)
         outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.to_csv(), r.summary))
         if not ff:

@@ -43,7 +43,7 @@ CASES = [
     ("markup-in-path", ["run", "[/b].yaml"], "error: no such scenario file: [/b].yaml"),
     ("bad-yaml", ["run", "bad.yaml"], "error: bad.yaml:3: not valid YAML: expected ',' or ']', but got '<stream end>'"),
     ("unknown-field", ["run", "unknown.yaml"],
-     "error: unknown.yaml: bogus: unknown field; expected one of dtype, fast_forward, hardware, horizon_s, kv_cache_dtype, "
+     "error: unknown.yaml: bogus: unknown field; expected one of dtype, engine, fast_forward, hardware, horizon_s, kv_cache_dtype, "
      "max_queue_len, measure, model, name, policy, policy_knobs, replicas, router, seed, slo, "
      "tensor_parallel_size, workload (got 1)"),
     ("non-finite", ["run", "s.yaml", "--set", "workload.arrival.rate=.inf"],

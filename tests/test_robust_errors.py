@@ -23,7 +23,7 @@ from sim.errors import InputError
 from sim.runner import run_scenario
 from workloads import WorkloadConfig, build_workload
 
-SCENARIO_FIELDS = ("dtype, fast_forward, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
+SCENARIO_FIELDS = ("dtype, engine, fast_forward, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
                    "policy_knobs, replicas, router, seed, slo, tensor_parallel_size, workload")
 W = {"num_requests": 2}
 

@@ -1,0 +1,937 @@
+/* batchsim's compiled core: the step-by-step engine for the built-in
+ * iteration-level policies, in C.
+ *
+ * What it is: sim.engine's semantics with fast-forward and the decode cohort
+ * OFF (one event per step, every row handled one by one), the policies of
+ * policies/continuous.py and policies/chunked_prefill.py (StepBuilder, FCFS,
+ * vLLM's preemption by recompute), the paged KV counter of sim/kv.py, the
+ * routers round_robin / least_outstanding / least_kv, and the fast path of
+ * RooflineCostModel.price. Events are ordered exactly as SimPy orders them
+ * (time, priority, insertion id), including the two hops from an arrival's
+ * wake-up to an idle replica's resumption (Event.succeed -> AnyOf -> process).
+ *
+ * Exactness: every floating-point value is computed with the same IEEE
+ * operations in the same order as the Python code (libm log/exp, as Python's
+ * math module; built with -ffp-contract=off), so records are byte-identical
+ * to the Python engine's; tests/test_core.py compares whole runs.
+ *
+ * What it leaves to Python (sim/core.py): the dense operators' totals per
+ * (tokens, sampled) (asked for once per new key: status CORE_NEED_DENSE),
+ * the record sinks (step and gap buffers handed over when full:
+ * CORE_FLUSH), and everything before and after the run.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CORE_DONE 0
+#define CORE_FLUSH 1
+#define CORE_NEED_DENSE 2
+#define CORE_ERR_ADMIN (-1)     /* no step after 100000 plans */
+#define CORE_ERR_INTERNAL (-2)  /* an invariant broke (a bug: the Python engine would have raised) */
+#define CORE_ERR_NOMEM (-3)
+
+#define POL_SEPARATE 0
+#define POL_MIXED 1
+#define POL_CHUNKED 2
+
+#define R_ROUND_ROBIN 0
+#define R_LEAST_OUTSTANDING 1
+#define R_LEAST_KV 2
+
+#define EV_INIT_REPLICA 0
+#define EV_INIT_ARRIVALS 1
+#define EV_ARRIVAL 2
+#define EV_STEP 3
+#define EV_WAKE 4
+#define EV_COND 5
+
+#define URGENT 0
+#define NORMAL 1
+
+#define PH_SCHEDULE 0
+#define PH_PRICE 1
+#define PH_STEP 2
+#define PH_IDLE 3
+
+#define ST_UNFINISHED 0
+#define ST_COMPLETED 1
+#define ST_REJECTED 2
+
+#define RS_NONE 0
+#define RS_MAX_MODEL_LEN 1
+#define RS_KV_CAPACITY 2
+#define RS_QUEUE_FULL 3
+#define RS_BUDGET 4
+
+#define NSTEP_F 9  /* start end flops useful_flops bytes compute_s memory_s network_s overhead_s */
+#define NSTEP_I 11 /* replica num_seqs num_rows prefill decode padding oor kv_used waiting running preempted */
+
+typedef struct {
+    int n;
+    double lo, hi, ylo, yhi;
+    const double *lx, *y, *slope;
+} curve_t;
+
+typedef struct {
+    double t;
+    int prio;
+    int64_t eid;
+    int kind;
+    int rep;
+} event_t;
+
+typedef struct {
+    int64_t key;  /* -1: empty */
+    double v[7];
+} dense_t;
+
+typedef struct {
+    /* queue of waiting rids: a ring buffer */
+    int64_t *wq;
+    int64_t wcap, whead, wlen;
+    /* running rids in admission order */
+    int64_t *run;
+    int64_t nrun;
+    /* KV */
+    int64_t total_blocks, used, peak;
+    int64_t outstanding, admissions, admin_only;
+    double busy_s;
+    int phase, wake_triggered;
+    /* the plan in hand */
+    int64_t *rows_rid, *rows_q, *rows_ctx;
+    int64_t nrows;
+    int64_t *pre;  /* preempted rids, admission order */
+    int64_t npre;
+    int64_t *rej;  /* rejected rids (waiting order) */
+    int64_t nrej;
+    /* the step in hand */
+    int64_t T, n_dec, ctx_dec, qkv, qq, sampled;
+    double start;
+    double c_seconds, c_flops, c_bytes, c_comp, c_mem, c_net, c_over;
+    int64_t c_oor;
+    /* record buffers (owned by Python) */
+    double *sf;   /* [NSTEP_F][step_cap] */
+    int64_t *si;  /* [NSTEP_I][step_cap] */
+    int64_t nsteps;
+    int64_t *g_rid;
+    double *g_gap;
+    int64_t ngaps;
+} replica_t;
+
+typedef struct {
+    /* configuration */
+    int64_t n_req, n_rep, policy, max_seqs, cap, bs, total_blocks, max_model_len, max_queue_len, router;
+    int has_horizon;
+    double horizon;
+    int64_t step_cap, gap_cap;
+    /* cost model */
+    int64_t L, h, dh, tp;
+    double L4, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d;
+    int pre_has_range, dec_has_range;
+    double pre_range[4], dec_range[4];
+    curve_t pre_c, pre_m, dec_c, dec_m;
+    /* dense totals by (tokens, sampled) */
+    dense_t *dense;
+    int64_t dense_cap, dense_n;
+    /* workload */
+    const double *arrival;
+    const int64_t *prompt, *output;
+    /* per request */
+    int64_t *num_tokens, *num_computed, *num_generated, *num_preempt, *held, *order, *rep;
+    int64_t *status, *reason, *reason_val, *admitted_int;
+    int now_is_int;  /* SimPy's clock is still the integer 0 (no timeout has fired yet) */
+    double *admitted, *first_token, *last_token, *completion, *max_itl;
+    uint8_t *running, *finished;
+    int64_t *mark_sched, *mark_pre;  /* plan epoch in which scheduled / preempted */
+    int64_t epoch;
+    /* events */
+    event_t *heap;
+    int64_t nheap, heapcap, eid;
+    double now;
+    int64_t next_rid;  /* arrivals delivered so far */
+    int64_t rr;        /* round robin counter */
+    int pending_rep;   /* replica whose loop waits for a dense entry (-1: none) */
+    int64_t need_T, need_s;
+    replica_t *reps;
+    int64_t steps_total;
+} core_t;
+
+/* ---------------------------------------------------------------- curves --- */
+static double curve_eval(const curve_t *c, double size) {
+    /* calibrate.curves.Curve.__call__ */
+    if (size <= c->lo) return c->ylo;
+    if (size >= c->hi) return c->yhi;
+    double lx = log(size);
+    /* bisect_right(lx, x) - 1 */
+    int lo = 0, hi = c->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (lx < c->lx[mid]) hi = mid; else lo = mid + 1;
+    }
+    int i = lo - 1;
+    if (i < 0) i = 0;
+    if (i > c->n - 2) i = c->n - 2;
+    return exp(c->y[i] + (lx - c->lx[i]) * c->slope[i]);
+}
+
+static const double *curve_load(curve_t *c, const double *p) {
+    c->n = (int)p[0];
+    c->lo = p[1]; c->hi = p[2]; c->ylo = p[3]; c->yhi = p[4];
+    c->lx = p + 5;
+    c->y = p + 5 + c->n;
+    c->slope = p + 5 + 2 * c->n;
+    return p + 5 + 3 * c->n - 1;
+}
+
+/* ----------------------------------------------------------------- dense --- */
+static uint64_t hash64(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+    return x;
+}
+
+static dense_t *dense_find(core_t *s, int64_t key) {
+    uint64_t mask = (uint64_t)s->dense_cap - 1, i = hash64((uint64_t)key) & mask;
+    for (;;) {
+        dense_t *d = &s->dense[i];
+        if (d->key == key || d->key == -1) return d;
+        i = (i + 1) & mask;
+    }
+}
+
+static int dense_grow(core_t *s) {
+    int64_t old_cap = s->dense_cap;
+    dense_t *old = s->dense;
+    s->dense_cap = old_cap * 2;
+    s->dense = (dense_t *)malloc(sizeof(dense_t) * s->dense_cap);
+    if (!s->dense) return -1;
+    for (int64_t i = 0; i < s->dense_cap; i++) s->dense[i].key = -1;
+    for (int64_t i = 0; i < old_cap; i++)
+        if (old[i].key != -1) *dense_find(s, old[i].key) = old[i];
+    free(old);
+    return 0;
+}
+
+static int64_t dense_key(int64_t T, int64_t sampled) { return T * 1048576 + sampled; }
+
+/* ---------------------------------------------------------------- events --- */
+static int heap_less(const event_t *a, const event_t *b) {
+    if (a->t != b->t) return a->t < b->t;
+    if (a->prio != b->prio) return a->prio < b->prio;
+    return a->eid < b->eid;
+}
+
+static void schedule(core_t *s, double t, int prio, int kind, int rep) {
+    /* simpy.Environment.schedule: heappush((now + delay, priority, eid, event)) */
+    event_t e = {t, prio, s->eid++, kind, rep};
+    int64_t i = s->nheap++;
+    s->heap[i] = e;
+    while (i > 0) {
+        int64_t p = (i - 1) / 2;
+        if (!heap_less(&s->heap[i], &s->heap[p])) break;
+        event_t tmp = s->heap[p]; s->heap[p] = s->heap[i]; s->heap[i] = tmp;
+        i = p;
+    }
+}
+
+static event_t heap_pop(core_t *s) {
+    event_t top = s->heap[0];
+    s->heap[0] = s->heap[--s->nheap];
+    int64_t i = 0, n = s->nheap;
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && heap_less(&s->heap[l], &s->heap[m])) m = l;
+        if (r < n && heap_less(&s->heap[r], &s->heap[m])) m = r;
+        if (m == i) break;
+        event_t tmp = s->heap[m]; s->heap[m] = s->heap[i]; s->heap[i] = tmp;
+        i = m;
+    }
+    return top;
+}
+
+/* ------------------------------------------------------------ the queue --- */
+static int64_t wq_at(replica_t *r, int64_t i) { return r->wq[(r->whead + i) & (r->wcap - 1)]; }
+
+static void wq_push_back(replica_t *r, int64_t rid) {
+    r->wq[(r->whead + r->wlen) & (r->wcap - 1)] = rid;
+    r->wlen++;
+}
+
+static void wq_push_front(replica_t *r, int64_t rid) {
+    r->whead = (r->whead - 1) & (r->wcap - 1);
+    r->wq[r->whead] = rid;
+    r->wlen++;
+}
+
+static void wq_remove_at(replica_t *r, int64_t i) {
+    for (int64_t j = i; j + 1 < r->wlen; j++)
+        r->wq[(r->whead + j) & (r->wcap - 1)] = r->wq[(r->whead + j + 1) & (r->wcap - 1)];
+    r->wlen--;
+}
+
+/* ------------------------------------------------------------------- KV --- */
+static int64_t blocks_for(int64_t tokens, int64_t bs) {
+    /* -(-tokens // bs) for tokens >= 0 */
+    return (tokens + bs - 1) / bs;
+}
+
+static void kv_free(core_t *s, replica_t *r, int64_t rid) {
+    r->used -= s->held[rid];
+    s->held[rid] = 0;
+}
+
+/* ------------------------------------------------------- the policies --- */
+typedef struct {
+    int64_t budget, free, slots;
+} builder_t;
+
+static int64_t need_blocks(core_t *s, int64_t rid, int64_t total) {
+    int64_t need = blocks_for(total, s->bs) - s->held[rid];
+    return need > 0 ? need : 0;
+}
+
+static int try_sched(core_t *s, replica_t *r, builder_t *b, int64_t rid, int64_t q) {
+    int64_t need = need_blocks(s, rid, s->num_computed[rid] + q);
+    if (need > b->free) return 0;
+    b->free -= need;
+    b->budget -= q;
+    r->rows_rid[r->nrows] = rid;
+    r->rows_q[r->nrows] = q;
+    r->nrows++;
+    s->mark_sched[rid] = s->epoch;
+    return 1;
+}
+
+static int is_sched(core_t *s, int64_t rid) { return s->mark_sched[rid] == s->epoch; }
+static int is_pre(core_t *s, int64_t rid) { return s->mark_pre[rid] == s->epoch; }
+
+static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
+    /* StepBuilder.admit over the FCFS queue */
+    for (int64_t i = 0; i < r->wlen; i++) {
+        int64_t rid = wq_at(r, i);
+        int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
+        if (!chunked && pending > s->cap) {
+            r->rej[r->nrej++] = rid;
+            s->reason_val[rid] = pending;
+            continue;
+        }
+        if (b->slots < 1 || b->budget < 1) return;
+        int64_t q = chunked ? (pending < b->budget ? pending : b->budget) : pending;
+        if (q > b->budget || !try_sched(s, r, b, rid, q)) return;
+        b->slots -= 1;
+    }
+}
+
+static int is_decode(core_t *s, int64_t rid) {
+    return s->num_generated[rid] && s->num_tokens[rid] - s->num_computed[rid] == 1;
+}
+
+static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
+    /* StepBuilder.schedule_decodes without a cohort: _all_decodes_fit, else _decode_or_preempt */
+    int64_t nd = 0, need = 0;
+    for (int64_t i = 0; i < r->nrun; i++) {
+        int64_t rid = r->run[i];
+        if (is_decode(s, rid)) {
+            nd++;
+            need += need_blocks(s, rid, s->num_computed[rid] + 1);
+        }
+    }
+    if (r->npre == 0 && b->budget >= nd && need <= b->free) {
+        b->free -= need;
+        b->budget -= nd;
+        for (int64_t i = 0; i < r->nrun; i++) {
+            int64_t rid = r->run[i];
+            if (is_decode(s, rid)) {
+                r->rows_rid[r->nrows] = rid;
+                r->rows_q[r->nrows] = 1;
+                r->nrows++;
+                s->mark_sched[rid] = s->epoch;
+            }
+        }
+        return;
+    }
+    /* the decodes as they were before any preemption (a preempted one is skipped) */
+    int64_t *dec = r->rows_ctx;  /* scratch: rows_ctx is filled only later, by grow_and_shape */
+    int64_t k = 0;
+    for (int64_t i = 0; i < r->nrun; i++)
+        if (is_decode(s, r->run[i])) dec[k++] = r->run[i];
+    for (int64_t j = 0; j < k; j++) {
+        int64_t rid = dec[j];
+        if (is_pre(s, rid)) continue;
+        if (b->budget < 1) break;
+        while (!try_sched(s, r, b, rid, 1)) {
+            /* last_admitted(_unscheduled()): the newest live one neither preempted nor scheduled */
+            int64_t v = -1;
+            for (int64_t i = r->nrun - 1; i >= 0; i--) {
+                int64_t x = r->run[i];
+                if (!is_pre(s, x) && !is_sched(s, x)) { v = x; break; }
+            }
+            if (v < 0) return;  /* (cannot happen: rid itself is unscheduled) */
+            r->pre[r->npre++] = v;
+            s->mark_pre[v] = s->epoch;
+            b->free += s->held[v];
+            b->slots += 1;
+            if (v == rid) return;
+        }
+    }
+}
+
+static int schedule_partial_prefills(core_t *s, replica_t *r, builder_t *b) {
+    for (int64_t i = 0; i < r->nrun; i++) {
+        int64_t rid = r->run[i];
+        int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
+        int in_prefill = s->num_generated[rid] == 0 || pending > 1;
+        if (!in_prefill || is_pre(s, rid)) continue;
+        if (b->budget < 1 || !try_sched(s, r, b, rid, pending < b->budget ? pending : b->budget)) return 0;
+    }
+    return 1;
+}
+
+static void plan(core_t *s, replica_t *r) {
+    builder_t b;
+    s->epoch++;
+    r->nrows = r->npre = r->nrej = 0;
+    b.budget = s->cap;
+    b.free = r->total_blocks - r->used;
+    b.slots = s->max_seqs - r->nrun;
+    if (s->policy == POL_SEPARATE) {
+        admit(s, r, &b, 0);
+        if (!r->nrows) schedule_decodes(s, r, &b);
+    } else if (s->policy == POL_MIXED) {
+        schedule_decodes(s, r, &b);
+        if (!r->npre) admit(s, r, &b, 0);
+    } else {
+        schedule_decodes(s, r, &b);
+        if (schedule_partial_prefills(s, r, &b) && !r->npre) admit(s, r, &b, 1);
+    }
+    /* victims in admission order (StepBuilder.plan): running is in admission order */
+    if (r->npre > 1) {
+        int64_t k = 0;
+        for (int64_t i = 0; i < r->nrun; i++)
+            if (is_pre(s, r->run[i])) r->pre[k++] = r->run[i];
+    }
+}
+
+/* ---------------------------------------------------- applying a plan --- */
+static void remove_running(replica_t *r, int64_t rid) {
+    for (int64_t i = 0; i < r->nrun; i++) {
+        if (r->run[i] == rid) {
+            memmove(r->run + i, r->run + i + 1, sizeof(int64_t) * (r->nrun - i - 1));
+            r->nrun--;
+            return;
+        }
+    }
+}
+
+static int apply_admission(core_t *s, replica_t *r) {
+    /* Replica._admit: reject, preempt, admit */
+    for (int64_t j = 0; j < r->nrej; j++) {
+        int64_t rid = r->rej[j];
+        for (int64_t i = 0; i < r->wlen; i++)
+            if (wq_at(r, i) == rid) { wq_remove_at(r, i); break; }
+        s->status[rid] = ST_REJECTED;
+        s->reason[rid] = RS_BUDGET;
+        r->outstanding--;
+    }
+    for (int64_t j = 0; j < r->npre; j++) {
+        int64_t rid = r->pre[j];
+        if (!s->running[rid]) return CORE_ERR_INTERNAL;
+        s->running[rid] = 0;
+        remove_running(r, rid);
+        kv_free(s, r, rid);
+        s->num_computed[rid] = 0;
+        s->num_preempt[rid]++;
+    }
+    for (int64_t j = r->npre - 1; j >= 0; j--) wq_push_front(r, r->pre[j]);
+    /* admitted: plan rows not running, in row order; FCFS makes them a prefix of the queue */
+    int64_t k = 0;
+    for (int64_t j = 0; j < r->nrows; j++) {
+        int64_t rid = r->rows_rid[j];
+        if (s->running[rid]) continue;
+        if (k >= r->wlen || wq_at(r, k) != rid) return CORE_ERR_INTERNAL;
+        k++;
+    }
+    for (int64_t j = 0; j < k; j++) {
+        r->whead = (r->whead + 1) & (r->wcap - 1);
+        r->wlen--;
+    }
+    for (int64_t j = 0; j < r->nrows; j++) {
+        int64_t rid = r->rows_rid[j];
+        if (s->running[rid]) continue;
+        s->running[rid] = 1;
+        s->order[rid] = r->admissions++;
+        if (isnan(s->admitted[rid])) {
+            s->admitted[rid] = s->now;
+            s->admitted_int[rid] = s->now_is_int;
+        }
+        r->run[r->nrun++] = rid;
+    }
+    return 0;
+}
+
+static int grow_and_shape(core_t *s, replica_t *r) {
+    int64_t T = 0, n_dec = 0, ctx_dec = 0, qkv = 0, qq = 0, sampled = 0;
+    for (int64_t j = 0; j < r->nrows; j++) {
+        int64_t rid = r->rows_rid[j], q = r->rows_q[j];
+        int64_t c = s->num_computed[rid], total = c + q;
+        if (q < 1 || total > s->num_tokens[rid]) return CORE_ERR_INTERNAL;
+        int64_t want = blocks_for(total, s->bs), have = s->held[rid];
+        if (want > have) {
+            int64_t extra = want - have;
+            if (extra > r->total_blocks - r->used) return CORE_ERR_INTERNAL;
+            s->held[rid] = want;
+            r->used += extra;
+            if (r->used > r->peak) r->peak = r->used;
+        }
+        r->rows_ctx[j] = c;
+        if (total == s->num_tokens[rid]) sampled++;
+        T += q;
+        qkv += q * c;
+        qq += q * q;
+        if (q == 1 && c != 0) { n_dec++; ctx_dec += c; }
+    }
+    r->T = T;
+    r->n_dec = n_dec;
+    r->ctx_dec = ctx_dec + n_dec;
+    r->qkv = qkv;
+    r->qq = qq;
+    r->sampled = sampled;
+    return 0;
+}
+
+static int price(core_t *s, replica_t *r) {
+    /* RooflineCostModel.price -> _price_fast, operation for operation */
+    int64_t n = r->nrows, T = r->T, n_dec = r->n_dec, ctx_dec = r->ctx_dec;
+    dense_t *d = dense_find(s, dense_key(T, r->sampled));
+    if (d->key == -1) {
+        s->need_T = T;
+        s->need_s = r->sampled;
+        return CORE_NEED_DENSE;
+    }
+    double pairs, pre_kv;
+    if (T == n && r->qq == n) {  /* every row one token */
+        pairs = pre_kv = (double)(n - n_dec);
+    } else {
+        pairs = (double)(2 * r->qkv + r->qq + T) / 2.0 - (double)ctx_dec;
+        /* rows with q == 0 read no KV; here every row computes */
+        int64_t kv_read = 0;
+        for (int64_t j = 0; j < n; j++) kv_read += r->rows_ctx[j];
+        pre_kv = (double)(kv_read + T - ctx_dec);
+    }
+    double comp = d->v[0], mem = d->v[1], net = d->v[2], over = d->v[3], flops = d->v[4], nbytes = d->v[5];
+    int64_t oor = (int64_t)d->v[6];
+    double L = (double)s->L;
+    for (int k = 0; k < 2; k++) {
+        int64_t tokens;
+        double wf, wb;
+        const curve_t *cc, *mc;
+        const double *rng;
+        int has_rng;
+        if (k == 0) {
+            tokens = T - n_dec;
+            wf = s->L4 * pairs * (double)s->h * (double)s->dh;
+            wb = L * (pre_kv * s->kv_elt + (double)(T - n_dec) * s->qo);
+            cc = &s->pre_c; mc = &s->pre_m; rng = s->pre_range; has_rng = s->pre_has_range;
+        } else {
+            tokens = n_dec;
+            wf = s->L4 * (double)ctx_dec * (double)s->h * (double)s->dh;
+            wb = L * ((double)ctx_dec * s->kv_elt + (double)n_dec * s->qo);
+            cc = &s->dec_c; mc = &s->dec_m; rng = s->dec_range; has_rng = s->dec_has_range;
+        }
+        if (!tokens) continue;
+        double per = wb / L;
+        double tc = wf != 0.0 ? wf / (s->peak * curve_eval(cc, (double)tokens)) : 0.0;
+        double tm = wb != 0.0 ? wb / (s->bw * curve_eval(mc, per)) : 0.0;
+        if (tc >= tm) comp += tc; else mem += tm;
+        over += s->l_launch;
+        flops += wf;
+        nbytes += wb;
+        if (has_rng && !(rng[0] <= (double)tokens && (double)tokens <= rng[1] && rng[2] <= per && per <= rng[3]))
+            oor += 1;
+    }
+    over += (n_dec ? s->host0d : s->host0) + s->host1 * (double)n;
+    double t = (double)s->tp;
+    r->c_seconds = comp + mem + net + over;
+    r->c_flops = flops * t;
+    r->c_bytes = nbytes * t;
+    r->c_comp = comp;
+    r->c_mem = mem;
+    r->c_net = net;
+    r->c_over = over;
+    r->c_oor = oor;
+    return 0;
+}
+
+static void advance_and_record(core_t *s, replica_t *r, int ri) {
+    /* Replica._advance then Replica._record */
+    double now = s->now;
+    int64_t ndone = 0;
+    for (int64_t j = 0; j < r->nrows; j++) {
+        int64_t rid = r->rows_rid[j], q = r->rows_q[j];
+        int64_t c = s->num_computed[rid] + q;
+        s->num_computed[rid] = c;
+        if (c != s->num_tokens[rid]) continue;
+        int64_t g = s->num_generated[rid] + 1;
+        s->num_generated[rid] = g;
+        s->num_tokens[rid] = c + 1;
+        double last = s->last_token[rid];
+        if (isnan(last)) {
+            s->first_token[rid] = now;
+        } else {
+            double gap = now - last;
+            r->g_rid[r->ngaps] = rid;
+            r->g_gap[r->ngaps] = gap;
+            r->ngaps++;
+            if (gap > s->max_itl[rid]) s->max_itl[rid] = gap;
+        }
+        s->last_token[rid] = now;
+        if (g >= s->output[rid]) {
+            s->finished[rid] = 1;
+            s->status[rid] = ST_COMPLETED;
+            s->completion[rid] = now;
+            ndone++;
+        }
+    }
+    if (ndone) {
+        int64_t k = 0;
+        for (int64_t i = 0; i < r->nrun; i++) {
+            int64_t rid = r->run[i];
+            if (s->finished[rid]) {
+                s->running[rid] = 0;
+                kv_free(s, r, rid);
+            } else {
+                r->run[k++] = rid;
+            }
+        }
+        r->nrun = k;
+        r->outstanding -= ndone;
+    }
+    int64_t i = r->nsteps++, cap = s->step_cap;
+    double *f = r->sf;
+    int64_t *n = r->si;
+    f[0 * cap + i] = r->start;
+    f[1 * cap + i] = now;
+    f[2 * cap + i] = r->c_flops;
+    f[3 * cap + i] = r->c_flops;
+    f[4 * cap + i] = r->c_bytes;
+    f[5 * cap + i] = r->c_comp;
+    f[6 * cap + i] = r->c_mem;
+    f[7 * cap + i] = r->c_net;
+    f[8 * cap + i] = r->c_over;
+    n[0 * cap + i] = ri;
+    n[1 * cap + i] = r->nrows;
+    n[2 * cap + i] = r->nrows;
+    n[3 * cap + i] = r->T - r->n_dec;
+    n[4 * cap + i] = r->n_dec;
+    n[5 * cap + i] = 0;
+    n[6 * cap + i] = r->c_oor;
+    n[7 * cap + i] = r->used;
+    n[8 * cap + i] = r->wlen;
+    n[9 * cap + i] = r->nrun;
+    n[10 * cap + i] = r->npre;
+    s->steps_total++;
+}
+
+/* Replica._loop from wherever it stopped, until it yields (a step's timeout,
+ * or idling) or needs a dense entry. */
+static int replica_loop(core_t *s, int ri) {
+    replica_t *r = &s->reps[ri];
+    for (;;) {
+        if (r->phase == PH_SCHEDULE) {
+            plan(s, r);
+            int err = apply_admission(s, r);
+            if (err) return err;
+            if (!r->nrows) {
+                if (r->nrej || r->npre) {
+                    if (++r->admin_only > 100000) return CORE_ERR_ADMIN;
+                    continue;
+                }
+                r->phase = PH_IDLE;
+                r->wake_triggered = 0;
+                return 0;
+            }
+            r->admin_only = 0;
+            err = grow_and_shape(s, r);
+            if (err) return err;
+            r->start = s->now;
+            r->phase = PH_PRICE;
+        }
+        if (r->phase == PH_PRICE) {
+            int st = price(s, r);
+            if (st) {
+                s->pending_rep = ri;
+                return st;
+            }
+            schedule(s, s->now + r->c_seconds, NORMAL, EV_STEP, ri);
+            r->phase = PH_STEP;
+            return 0;
+        }
+        return CORE_ERR_INTERNAL;
+    }
+}
+
+static int step_done(core_t *s, int ri) {
+    replica_t *r = &s->reps[ri];
+    r->busy_s += r->c_seconds;
+    advance_and_record(s, r, ri);
+    r->phase = PH_SCHEDULE;
+    return replica_loop(s, ri);
+}
+
+/* ------------------------------------------------------------ arrivals --- */
+static int route(core_t *s) {
+    if (s->n_rep == 1) {
+        if (s->router == R_ROUND_ROBIN) s->rr++;
+        return 0;
+    }
+    if (s->router == R_ROUND_ROBIN) return (int)(s->rr++ % s->n_rep);
+    int best = 0;
+    for (int i = 1; i < s->n_rep; i++) {
+        replica_t *a = &s->reps[i], *b = &s->reps[best];
+        if (s->router == R_LEAST_OUTSTANDING) {
+            if (a->outstanding < b->outstanding) best = i;
+        } else {
+            double fa = (double)a->used / (double)a->total_blocks, fb = (double)b->used / (double)b->total_blocks;
+            if (fa < fb || (fa == fb && a->wlen < b->wlen)) best = i;
+        }
+    }
+    return best;
+}
+
+static void deliver(core_t *s, int64_t rid) {
+    int ri = route(s);
+    replica_t *r = &s->reps[ri];
+    s->rep[rid] = ri;
+    if (s->max_queue_len >= 0 && r->wlen >= s->max_queue_len) {
+        s->status[rid] = ST_REJECTED;
+        s->reason[rid] = RS_QUEUE_FULL;
+        return;
+    }
+    int64_t total = s->prompt[rid] + s->output[rid];
+    if (total > s->max_model_len) {
+        s->status[rid] = ST_REJECTED;
+        s->reason[rid] = RS_MAX_MODEL_LEN;
+        s->reason_val[rid] = total;
+        return;
+    }
+    if (blocks_for(total, s->bs) > r->total_blocks) {
+        s->status[rid] = ST_REJECTED;
+        s->reason[rid] = RS_KV_CAPACITY;
+        s->reason_val[rid] = total;
+        return;
+    }
+    wq_push_back(r, rid);
+    r->outstanding++;
+    if (r->phase == PH_IDLE && !r->wake_triggered) {
+        r->wake_triggered = 1;
+        schedule(s, s->now, NORMAL, EV_WAKE, ri);
+    }
+}
+
+static void arrivals(core_t *s) {
+    /* Cluster._arrivals, from the request after the last delivered */
+    while (s->next_rid < s->n_req) {
+        double t = s->arrival[s->next_rid];
+        if (t > s->now) {
+            schedule(s, s->now + (t - s->now), NORMAL, EV_ARRIVAL, -1);
+            return;
+        }
+        deliver(s, s->next_rid++);
+    }
+}
+
+/* ---------------------------------------------------------------- API --- */
+void core_free(core_t *s) {
+    if (!s) return;
+    free(s->num_tokens); free(s->num_computed);
+    free(s->held); free(s->order); free(s->running); free(s->finished);
+    free(s->mark_sched); free(s->mark_pre);
+    free(s->heap); free(s->dense);
+    if (s->reps) {
+        for (int64_t i = 0; i < s->n_rep; i++) {
+            replica_t *r = &s->reps[i];
+            free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->rows_ctx);
+            free(r->pre); free(r->rej);
+        }
+        free(s->reps);
+    }
+    free(s);
+}
+
+/* ip: integer parameters, dp: double parameters, curves: 4 packed curves,
+ * workload arrays, per-request outputs (int64 [7][n] and double [5][n]),
+ * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
+ * int64 [R][gap_cap], double [R][gap_cap]). */
+core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
+                 const double *arrival, const int64_t *prompt, const int64_t *output,
+                 int64_t *req_i, double *req_f, const int64_t *blocks,
+                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap) {
+    core_t *s = (core_t *)calloc(1, sizeof(core_t));
+    if (!s) return NULL;
+    s->n_req = ip[0]; s->n_rep = ip[1]; s->policy = ip[2]; s->max_seqs = ip[3]; s->cap = ip[4];
+    s->bs = ip[5]; s->max_model_len = ip[7]; s->max_queue_len = ip[8]; s->router = ip[9];
+    s->has_horizon = (int)ip[10]; s->L = ip[11]; s->h = ip[12]; s->dh = ip[13]; s->tp = ip[14];
+    s->step_cap = ip[15]; s->gap_cap = ip[16]; s->pre_has_range = (int)ip[17]; s->dec_has_range = (int)ip[18];
+    s->horizon = dp[0]; s->L4 = dp[1]; s->kv_elt = dp[2]; s->qo = dp[3]; s->peak = dp[4]; s->bw = dp[5];
+    s->l_launch = dp[6]; s->host0 = dp[7]; s->host1 = dp[8]; s->host0d = dp[9];
+    for (int i = 0; i < 4; i++) { s->pre_range[i] = dp[10 + i]; s->dec_range[i] = dp[14 + i]; }
+    const double *p = curves;
+    p = curve_load(&s->pre_c, p);
+    p = curve_load(&s->pre_m, p);
+    p = curve_load(&s->dec_c, p);
+    curve_load(&s->dec_m, p);
+    int64_t n = s->n_req;
+    s->arrival = arrival; s->prompt = prompt; s->output = output;
+    s->rep = req_i + 0 * n; s->status = req_i + 1 * n; s->reason = req_i + 2 * n; s->reason_val = req_i + 3 * n;
+    s->num_generated = req_i + 4 * n; s->num_preempt = req_i + 5 * n; s->admitted_int = req_i + 6 * n;
+    s->now_is_int = 1;
+    s->admitted = req_f + 0 * n; s->first_token = req_f + 1 * n; s->last_token = req_f + 2 * n;
+    s->completion = req_f + 3 * n; s->max_itl = req_f + 4 * n;
+    int64_t m = n > 0 ? n : 1;
+    s->num_tokens = (int64_t *)malloc(sizeof(int64_t) * m);
+    s->num_computed = (int64_t *)calloc(m, sizeof(int64_t));
+    s->held = (int64_t *)calloc(m, sizeof(int64_t));
+    s->order = (int64_t *)malloc(sizeof(int64_t) * m);
+    s->running = (uint8_t *)calloc(m, 1);
+    s->finished = (uint8_t *)calloc(m, 1);
+    s->mark_sched = (int64_t *)calloc(m, sizeof(int64_t));
+    s->mark_pre = (int64_t *)calloc(m, sizeof(int64_t));
+    s->heapcap = 4 * s->n_rep + 16;
+    s->heap = (event_t *)malloc(sizeof(event_t) * s->heapcap);
+    s->dense_cap = 4096;
+    s->dense = (dense_t *)malloc(sizeof(dense_t) * s->dense_cap);
+    s->reps = (replica_t *)calloc(s->n_rep, sizeof(replica_t));
+    if (!s->num_tokens || !s->num_computed || !s->held || !s->order || !s->running || !s->finished
+        || !s->mark_sched || !s->mark_pre || !s->heap || !s->dense || !s->reps) {
+        core_free(s);
+        return NULL;
+    }
+    for (int64_t i = 0; i < s->dense_cap; i++) s->dense[i].key = -1;
+    for (int64_t i = 0; i < n; i++) {
+        s->num_tokens[i] = prompt[i];
+        s->order[i] = -1;
+        s->rep[i] = -1;
+        s->status[i] = ST_UNFINISHED;
+        s->reason[i] = RS_NONE;
+        s->reason_val[i] = 0;
+        s->num_generated[i] = 0;
+        s->num_preempt[i] = 0;
+        s->admitted_int[i] = 0;
+        s->admitted[i] = s->first_token[i] = s->last_token[i] = s->completion[i] = NAN;
+        s->max_itl[i] = 0.0;
+    }
+    int64_t wcap = 16;
+    while (wcap < n + 1) wcap *= 2;
+    for (int64_t i = 0; i < s->n_rep; i++) {
+        replica_t *r = &s->reps[i];
+        r->total_blocks = blocks[i];
+        r->wcap = wcap;
+        r->wq = (int64_t *)malloc(sizeof(int64_t) * wcap);
+        int64_t rc = s->max_seqs + 1;
+        r->run = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->rows_rid = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->rows_q = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->rows_ctx = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->pre = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->rej = (int64_t *)malloc(sizeof(int64_t) * m);
+        if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->rows_ctx || !r->pre || !r->rej) {
+            core_free(s);
+            return NULL;
+        }
+        r->sf = sf + i * NSTEP_F * s->step_cap;
+        r->si = si + i * NSTEP_I * s->step_cap;
+        r->g_rid = g_rid + i * s->gap_cap;
+        r->g_gap = g_gap + i * s->gap_cap;
+        r->phase = PH_SCHEDULE;
+    }
+    s->pending_rep = -1;
+    /* env.process(): each replica's Initialize, then the arrivals' (URGENT, at 0) */
+    for (int64_t i = 0; i < s->n_rep; i++) schedule(s, 0.0, URGENT, EV_INIT_REPLICA, (int)i);
+    schedule(s, 0.0, URGENT, EV_INIT_ARRIVALS, -1);
+    if (s->has_horizon) s->eid++;  /* env.run(until=...): its stop event */
+    return s;
+}
+
+int core_put_dense(core_t *s, int64_t T, int64_t sampled, const double *v) {
+    if (2 * (s->dense_n + 1) > s->dense_cap && dense_grow(s)) return CORE_ERR_NOMEM;
+    dense_t *d = dense_find(s, dense_key(T, sampled));
+    if (d->key == -1) s->dense_n++;
+    d->key = dense_key(T, sampled);
+    memcpy(d->v, v, sizeof(double) * 7);
+    return 0;
+}
+
+/* Run until done, a buffer needs flushing, or a dense entry is needed. */
+int core_run(core_t *s) {
+    int st;
+    if (s->pending_rep >= 0) {
+        int ri = s->pending_rep;
+        s->pending_rep = -1;
+        st = replica_loop(s, ri);
+        if (st) return st;
+    }
+    while (s->nheap) {
+        for (int64_t i = 0; i < s->n_rep; i++) {
+            replica_t *r = &s->reps[i];
+            if (r->nsteps + 1 > s->step_cap || r->ngaps + s->max_seqs + 1 > s->gap_cap) return CORE_FLUSH;
+        }
+        if (s->has_horizon && !(s->heap[0].t < s->horizon)) break;
+        event_t e = heap_pop(s);
+        s->now = e.t;
+        if (e.kind == EV_ARRIVAL || e.kind == EV_STEP) s->now_is_int = 0;  /* now + a float delay */
+        switch (e.kind) {
+        case EV_INIT_REPLICA:
+            st = replica_loop(s, e.rep);
+            break;
+        case EV_INIT_ARRIVALS:
+        case EV_ARRIVAL:
+            if (e.kind == EV_ARRIVAL) deliver(s, s->next_rid++);
+            arrivals(s);
+            st = 0;
+            break;
+        case EV_STEP:
+            st = step_done(s, e.rep);
+            break;
+        case EV_WAKE:
+            /* AnyOf's check: the condition succeeds, the process resumes when it is processed */
+            schedule(s, s->now, NORMAL, EV_COND, e.rep);
+            st = 0;
+            break;
+        case EV_COND:
+            s->reps[e.rep].phase = PH_SCHEDULE;
+            st = replica_loop(s, e.rep);
+            break;
+        default:
+            st = CORE_ERR_INTERNAL;
+        }
+        if (st) return st;
+    }
+    if (s->has_horizon) s->now = s->horizon;
+    return CORE_DONE;
+}
+
+/* Scalars Python reads back: [now, steps, need_T, need_s, delivered], then per
+ * replica [nsteps, ngaps, peak, busy_s, queued + running]. */
+void core_info(core_t *s, double *out) {
+    out[0] = s->now;
+    out[1] = (double)s->steps_total;
+    out[2] = (double)s->need_T;
+    out[3] = (double)s->need_s;
+    out[4] = (double)s->next_rid;
+    for (int64_t i = 0; i < s->n_rep; i++) {
+        replica_t *r = &s->reps[i];
+        out[5 + 5 * i + 0] = (double)r->nsteps;
+        out[5 + 5 * i + 1] = (double)r->ngaps;
+        out[5 + 5 * i + 2] = (double)r->peak;
+        out[5 + 5 * i + 3] = r->busy_s;
+        out[5 + 5 * i + 4] = (double)(r->wlen + r->nrun);
+    }
+}
+
+void core_flushed(core_t *s) {
+    for (int64_t i = 0; i < s->n_rep; i++) {
+        s->reps[i].nsteps = 0;
+        s->reps[i].ngaps = 0;
+    }
+}

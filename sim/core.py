@@ -1,0 +1,309 @@
+"""The compiled core: sim/_core.c, built on first use and driven through ctypes.
+
+The Python engine (sim.engine, with fast-forward and the decode cohort) runs
+any policy, router, cost model and KV cache. For the common case, the
+built-in iteration-level policies (continuous, chunked_prefill) with FCFS
+order, no prefix cache, a deterministic router and the roofline cost model,
+``sim/_core.c`` runs the same step-by-step semantics in C, 10-30x faster
+(docs/performance.md). Its records are byte-identical to the Python
+engine's (tests/test_core.py compares whole runs); everything around the
+run (workload, cost model set-up, sinks, summary) stays in Python.
+
+Which engine runs: ``Scenario.engine`` (``auto``: the core when the
+scenario is one it covers and a C compiler is at hand, else Python;
+``python``; ``core``: fail with the reason when it cannot). The library is
+compiled once per source version with ``$CC`` (default ``cc``) into
+``$BATCHSIM_CACHE`` (default ``~/.cache/batchsim``), with
+``-ffp-contract=off`` so the compiler never fuses a multiply and an add
+(results must round exactly as Python's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.protocols import PolicyError
+from sim.state import COMPLETED, REJECTED, UNFINISHED, Seq
+
+__all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error"]
+
+_SOURCE = Path(__file__).with_name("_core.c")
+_FLAGS = ["-O2", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-finite-math-only"]
+
+_DONE, _FLUSH, _NEED_DENSE = 0, 1, 2
+_ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM = -1, -2, -3
+_POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunked_prefill", None): 2}
+_ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2}
+_STATUS = (UNFINISHED, COMPLETED, REJECTED)
+_STEP_CAP = 16384
+_GAP_CAP = 1 << 17
+
+_lib: ctypes.CDLL | None = None
+_lib_error: str | None = None
+_loaded = False
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("BATCHSIM_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "batchsim"
+
+
+def _build() -> Path:
+    """Compile the core (once per source, flags, compiler and platform) and return the library's path."""
+    cc = os.environ.get("CC", "cc")
+    src = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, " ".join(_FLAGS).encode(), cc.encode(),
+                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
+    for d in (_cache_dir(), Path(tempfile.gettempdir()) / f"batchsim-{os.getuid() if hasattr(os, 'getuid') else 0}"):
+        lib = d / f"core-{key}.so"
+        if lib.exists():
+            return lib
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+        os.close(fd)
+        try:
+            proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True, text=True,
+                                  timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+            os.replace(tmp, lib)  # atomic: concurrent builds of the same source agree
+            return lib
+        except OSError:
+            continue
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise RuntimeError(f"no writable cache directory for the compiled core (tried {_cache_dir()})")
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled core, building it on first use; None (see :func:`library_error`) when it cannot."""
+    global _lib, _lib_error, _loaded
+    if _loaded:
+        return _lib
+    _loaded = True
+    try:
+        lib = ctypes.CDLL(str(_build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        _lib_error = str(exc) or type(exc).__name__
+        return None
+    vp = ctypes.c_void_p
+    lib.core_new.restype = vp
+    lib.core_new.argtypes = [vp] * 13
+    lib.core_run.restype = ctypes.c_int
+    lib.core_run.argtypes = [vp]
+    lib.core_put_dense.restype = ctypes.c_int
+    lib.core_put_dense.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp]
+    lib.core_info.restype = None
+    lib.core_info.argtypes = [vp, vp]
+    lib.core_flushed.restype = None
+    lib.core_flushed.argtypes = [vp]
+    lib.core_free.restype = None
+    lib.core_free.argtypes = [vp]
+    _lib = lib
+    return lib
+
+
+def library_error() -> str | None:
+    """Why :func:`library` returned None (after it was called)."""
+    return _lib_error
+
+
+def unsupported(policy, cost, router: str, replica_factory, kv_type) -> str | None:
+    """Why the compiled core cannot run this scenario, or None when it can."""
+    from calibrate.costmodel import RooflineCostModel
+    from policies.chunked_prefill import ChunkedPrefillPolicy
+    from policies.continuous import ContinuousPolicy
+    from sim.engine import Replica
+    from sim.kv import PagedKVCache
+
+    if replica_factory is not Replica:
+        return "a custom replica (the reference executor times real steps)"
+    if type(policy) not in (ContinuousPolicy, ChunkedPrefillPolicy):
+        return f"policy {policy.name!r} (the core runs continuous and chunked_prefill)"
+    cfg = policy.config
+    if cfg.order != "fcfs":
+        return f"queue order {cfg.order!r} (the core runs fcfs)"
+    if cfg.enable_prefix_caching or kv_type is not PagedKVCache:
+        return "a prefix cache"
+    if router not in _ROUTERS:
+        return f"router {router!r} (the core runs {', '.join(_ROUTERS)})"
+    if type(cost) is not RooflineCostModel or getattr(cost, "_attn", None) is None:
+        return "a cost model other than the roofline model's fast path"
+    return None
+
+
+def _policy_code(policy) -> int:
+    mode = getattr(policy.config, "prefill_mode", None)
+    return _POLICIES[(policy.name, mode)]
+
+
+def _pack_curve(curve) -> list[float]:
+    lx, y, slope = list(curve._lx), list(curve._y), list(curve._slope)
+    return [float(len(lx)), float(curve._lo), float(curve._hi), float(curve._ylo), float(curve._yhi), *lx, *y, *slope]
+
+
+def _range(r) -> tuple[int, list[float]]:
+    return (0, [0.0] * 4) if r is None else (1, [float(v) for v in r])
+
+
+@dataclass
+class CoreRun:
+    """What a core run leaves for the runner: requests as Seq objects, the clock, KV peaks."""
+
+    requests: list
+    now: float
+    kv_peak: list[int]
+    busy_s: list[float]
+    steps: int
+    held: int  # requests still queued or running on some replica at the end
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_model_len: int,
+             router: str, horizon: float | None, max_queue_len: int | None, steps, itl_sinks: list) -> CoreRun:
+    """Run the scenario in the compiled core, writing records into ``steps`` and ``itl_sinks``
+    (one per replica) exactly as the Python engine would."""
+    lib = library()
+    if lib is None:  # pragma: no cover - callers check first
+        raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
+    cfg = policy.config
+    n, reps = len(workload), len(kv_blocks)
+    (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
+     pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
+    pre_has, pre_r = _range(pre_range)
+    dec_has, dec_r = _range(dec_range)
+    ip = np.array([n, reps, _policy_code(policy), cfg.max_num_seqs, cfg.max_num_batched_tokens, block_size,
+                   0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
+                   0 if horizon is None else 1, L, h, dh, cost.tp, _STEP_CAP, _GAP_CAP, pre_has, dec_has],
+                  dtype=np.int64)
+    dp = np.array([0.0 if horizon is None else float(horizon), float(L4), float(kv_elt), float(qo), float(peak),
+                   float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r],
+                  dtype=np.float64)
+    curves = np.array(_pack_curve(pre.compute) + _pack_curve(pre_mem) + _pack_curve(dec.compute)
+                      + _pack_curve(dec_mem), dtype=np.float64)
+    arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
+    prompt = np.ascontiguousarray(workload.prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(workload.output_tokens, dtype=np.int64)
+    req_i = np.empty((7, max(n, 1)), dtype=np.int64)
+    req_f = np.empty((5, max(n, 1)), dtype=np.float64)
+    blocks = np.array(kv_blocks, dtype=np.int64)
+    sf = np.empty((reps, 9, _STEP_CAP), dtype=np.float64)
+    si = np.empty((reps, 11, _STEP_CAP), dtype=np.int64)
+    g_rid = np.empty((reps, _GAP_CAP), dtype=np.int64)
+    g_gap = np.empty((reps, _GAP_CAP), dtype=np.float64)
+    info = np.zeros(5 + 5 * reps, dtype=np.float64)
+    dense = np.empty(7, dtype=np.float64)
+    st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
+                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap))
+    if not st:
+        raise MemoryError("the compiled core could not allocate its state")
+    try:
+        while True:
+            status = lib.core_run(st)
+            if status == _NEED_DENSE:
+                lib.core_info(st, _ptr(info))
+                T, s = int(info[2]), int(info[3])
+                hit = cost._dense_cache.get((T, s))
+                if hit is None:
+                    hit = cost._dense(T, s)
+                dense[:] = [float(v) for v in hit]
+                if lib.core_put_dense(st, T, s, _ptr(dense)):
+                    raise MemoryError("the compiled core could not grow its cost table")
+                continue
+            if status == _ERR_ADMIN:
+                raise PolicyError(f"{policy.name}: no step after 100000 plans")
+            if status < 0:
+                raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
+            lib.core_info(st, _ptr(info))
+            _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks)
+            lib.core_flushed(st)
+            if status == _DONE:
+                break
+        lib.core_info(st, _ptr(info))
+    finally:
+        lib.core_free(st)
+    delivered = int(info[4])
+    requests = _requests(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size,
+                         max_queue_len)
+    return CoreRun(requests=requests, now=float(info[0]),
+                   kv_peak=[int(info[5 + 5 * i + 2]) for i in range(reps)],
+                   busy_s=[float(info[5 + 5 * i + 3]) for i in range(reps)], steps=int(info[1]),
+                   held=sum(int(info[5 + 5 * i + 4]) for i in range(reps)))
+
+
+def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
+    for i in range(reps):
+        k = int(info[5 + 5 * i])
+        if k:
+            f, s = sf[i], si[i]
+            steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
+                         f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
+                         s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)
+        g = int(info[5 + 5 * i + 1])
+        if g:
+            itl_sinks[i].extend(g_rid[i, :g], g_gap[i, :g])
+
+
+def _requests(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len):
+    """The delivered requests as :class:`Seq` objects, as the Python engine leaves them."""
+    arrival = workload.arrival[:delivered].tolist()
+    prompt = workload.prompt_tokens[:delivered].tolist()
+    output = workload.output_tokens[:delivered].tolist()
+    hashes = workload.prefix_hashes
+    rep, status, reason, rval, gen, pre, at_int = (req_i[j, :delivered].tolist() for j in range(7))
+    admitted, first, last, comp, mx = (req_f[j, :delivered].tolist() for j in range(5))
+    out = []
+    for rid in range(delivered):
+        seq = Seq(rid, arrival[rid], prompt[rid], output[rid], hashes[rid] if hashes is not None else None)
+        seq.replica = rep[rid]
+        st = status[rid]
+        seq.status = _STATUS[st]
+        seq.num_generated = gen[rid]
+        seq.num_preemptions = pre[rid]
+        a, f, l, c = admitted[rid], first[rid], last[rid], comp[rid]
+        # (SimPy's clock is the integer 0 until a timeout fires: admissions then are stamped 0, not 0.0)
+        seq.admitted = None if a != a else 0 if at_int[rid] else a
+        seq.first_token = None if f != f else f
+        seq.last_token = None if l != l else l
+        seq.completion = None if c != c else c
+        seq.max_itl = mx[rid]
+        if st == 2:
+            seq.reason = _reason(reason[rid], rval[rid], cfg, max_model_len, kv_blocks[rep[rid]], block_size,
+                                 max_queue_len)
+        elif st == 1:
+            seq.finished = True
+        out.append(seq)
+    return out
+
+
+def _reason(code: int, value: int, cfg, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:
+    # the messages of sim.engine.Replica.enqueue, sim.engine.Cluster and policies.step.StepBuilder.admit
+    if code == 1:
+        return f"prompt+output {value} > max_model_len {max_model_len}"
+    if code == 2:
+        return f"prompt+output {value} tokens > KV capacity {blocks * block_size}"
+    if code == 3:
+        return f"queue full ({max_queue_len} waiting)"
+    return (f"needs {value} tokens in one step but "
+            f"max_num_batched_tokens is {cfg.max_num_batched_tokens}")

@@ -1,0 +1,202 @@
+"""The compiled core (sim/_core.c) against the Python engine: the same
+scenario gives the same records, byte for byte.
+
+The core reimplements the step-by-step engine for the built-in
+iteration-level policies, so every test here runs a scenario through both
+(``engine: python`` and ``engine: core``) and compares what they write:
+requests, steps, inter-token gaps and the summary. The Python engine is the
+reference (its own fast paths are compared with its step-by-step path in
+tests/test_fast_forward.py and tests/test_cohort.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from calibrate.costmodel import RooflineCostModel
+from calibrate.hardware import load_hardware
+from calibrate.models import load_model
+from sim import core
+from sim.config import scenario_from_dict
+from sim.errors import InputError
+from sim.runner import Parts, build_parts, simulate, write_outputs
+from tests.test_fast_forward import POLICIES, _calibrated_like, _scenario
+from tests.test_properties import workloads
+
+pytestmark = pytest.mark.skipif(core.library() is None, reason=f"no compiled core here: {core.library_error()}")
+
+ITERATION = ("continuous", "continuous_mixed", "chunked_prefill")
+
+
+def _files(result, tmp_path, tag: str) -> dict[str, bytes]:
+    out = write_outputs(result, tmp_path / tag)
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    files["itl"] = result.itl.to_csv(index=False).encode()
+    files["summary"] = json.dumps(result.summary, sort_keys=True).encode()
+    return files
+
+
+def _both(raw: dict, tmp_path, parts: Parts | None = None):
+    """Run ``raw`` on both engines (same parts); return their files and results."""
+    out = {}
+    for engine in ("python", "core"):
+        sc = scenario_from_dict(dict(raw, engine=engine))
+        result = simulate(sc, parts if parts is not None else build_parts(sc))
+        assert result.engine["engine"] == engine
+        out[engine] = (_files(result, tmp_path, engine), result)
+    return out
+
+
+def _assert_same(out) -> None:
+    (py, r_py), (c, r_c) = out["python"], out["core"]
+    assert set(py) == set(c)
+    for name in py:
+        assert c[name] == py[name], name
+    assert r_c.engine["steps"] == r_py.engine["steps"]
+
+
+CASES = [(p, {}) for p in ITERATION] + [
+    ("continuous", {"replicas": 3, "router": "least_kv"}),
+    ("continuous", {"replicas": 3, "router": "least_outstanding"}),
+    ("continuous_mixed", {"replicas": 2, "router": "round_robin"}),
+    ("chunked_prefill", {"replicas": 3, "router": "least_outstanding"}),
+    ("chunked_prefill", {"replicas": 2, "router": "least_kv"}),
+    ("continuous", {"horizon_s": 14.0}),
+    ("chunked_prefill", {"horizon_s": 9.0, "max_queue_len": 5}),
+    ("continuous", {"measure": {"records": "aggregate", "warmup_s": 2.0, "cooldown_s": 2.0}}),
+    ("chunked_prefill", {"replicas": 2, "measure": {"records": "aggregate"}}),
+    ("continuous", {"tensor_parallel_size": 2, "dtype": "fp8"}),
+]
+
+
+@pytest.mark.parametrize("policy,extra", CASES, ids=[f"{p}-{'-'.join(e) or 'r1'}" for p, e in CASES])
+def test_core_and_python_write_identical_outputs(policy, extra, tmp_path):
+    out = _both(_scenario(POLICIES[policy], **extra), tmp_path)
+    _assert_same(out)
+    if not extra and policy != "continuous_mixed":
+        assert out["core"][1].summary["preemptions"] > 0  # KV pressure was real
+
+
+@pytest.mark.parametrize("policy", ITERATION)
+def test_core_prices_a_calibrated_profile_exactly(policy, tmp_path):
+    """Measured ranges (out-of-range counts), a decode-step host term, tensor parallelism."""
+    raw = _scenario(POLICIES[policy], model="llama-3-70b", hardware="h100-sxm", tensor_parallel_size=4)
+    raw["policy"] = dict(raw["policy"], gpu_memory_utilization=0.9)
+    sc = scenario_from_dict(raw)
+    parts = build_parts(sc)
+    cost = RooflineCostModel(load_model("llama-3-70b"), _calibrated_like("h100-sxm"), tp=4)
+    out = _both(raw, tmp_path, replace(parts, cost=cost))
+    _assert_same(out)
+    assert out["core"][1].steps["out_of_range"].sum() > 0
+
+
+def test_core_prices_the_committed_h200_profile_exactly(tmp_path):
+    raw = _scenario(POLICIES["chunked_prefill"], hardware="h200-bf16")
+    _assert_same(_both(raw, tmp_path))
+
+
+def test_core_rejects_as_the_python_engine_does(tmp_path):
+    """Prompts over the step budget (continuous), over max_model_len, over the KV cache."""
+    raw = _scenario({"name": "continuous", "max_num_seqs": 16, "max_num_batched_tokens": 1500,
+                     "max_model_len": 2500}, max_queue_len=4)
+    out = _both(raw, tmp_path)
+    _assert_same(out)
+    reasons = out["core"][1].requests["reason"]
+    assert reasons.str.startswith("needs ").any() and reasons.str.contains("max_model_len").any()
+    assert reasons.str.startswith("queue full").any()
+    raw = _scenario(POLICIES["chunked_prefill"])
+    raw["policy"] = dict(raw["policy"], gpu_memory_utilization=0.2055)  # a KV cache smaller than some requests
+    out = _both(raw, tmp_path / "kv")
+    _assert_same(out)
+    assert out["core"][1].requests["reason"].str.contains("KV capacity").any()
+
+
+@pytest.mark.parametrize("policy,replicas,router", [
+    ("continuous", 1, "least_kv"), ("continuous_mixed", 2, "round_robin"), ("chunked_prefill", 3, "least_outstanding")])
+def test_core_orders_arrivals_tied_with_step_ends_as_simpy_does(policy, replicas, router, tmp_path):
+    raw = _scenario(POLICIES[policy], replicas=replicas, router=router)
+    sc = scenario_from_dict(dict(raw, engine="python"))
+    parts = build_parts(sc)
+    ends = simulate(sc, parts).steps["end"].to_numpy()
+    ends = np.sort(ends)
+    arrival = parts.workload.arrival.copy()
+    for i in range(1, len(arrival), 3):  # every 3rd arrival onto the end of a step running when it arrived
+        j = int(np.searchsorted(ends, arrival[i]))
+        if j < len(ends) and ends[j] < (arrival[i + 1] if i + 1 < len(arrival) else np.inf):
+            arrival[i] = ends[j]
+    arrival[5:9] = arrival[5]  # and a burst of simultaneous arrivals
+    parts = replace(parts, workload=replace(parts.workload, arrival=arrival))
+    out = _both(raw, tmp_path, parts)
+    _assert_same(out)
+    ties = np.isin(arrival, out["python"][1].steps["end"].to_numpy()).sum()
+    assert ties >= 1  # the case under test happened
+
+
+_SPECS = st.one_of(
+    st.builds(lambda s, t, m: {"name": "continuous", "max_num_seqs": s, "max_num_batched_tokens": t,
+                               "prefill_mode": m},
+              st.integers(1, 8), st.integers(64, 400), st.sampled_from(["separate", "mixed"])),
+    st.builds(lambda s, t: {"name": "chunked_prefill", "max_num_seqs": s, "max_num_batched_tokens": t},
+              st.integers(1, 8), st.integers(8, 128)),
+)
+_COST = RooflineCostModel(load_model("llama-3-8b"), load_hardware("l4"))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=_SPECS, wl=workloads(), blocks=st.integers(8, 120), bs=st.sampled_from([4, 8, 16]),
+       horizon=st.sampled_from([None, None, 0.7, 3.0]), replicas=st.sampled_from([1, 1, 2, 3]),
+       router=st.sampled_from(["round_robin", "least_kv", "least_outstanding"]),
+       records=st.sampled_from(["full", "full", "aggregate"]), queue=st.sampled_from([None, None, 2]))
+def test_core_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, replicas, router, records, queue):
+    """Tiny KV caches (preemption), simultaneous arrivals, horizons, queue limits, several replicas."""
+    parts = Parts(workload=wl, cost=_COST, kv_tokens=lambda util, **kw: blocks * bs, max_model_len=4096)
+    outs = []
+    for engine in ("python", "core"):
+        sc = scenario_from_dict({
+            "model": "llama-3-8b", "hardware": "l4", "policy": dict(spec, block_size=bs), "replicas": replicas,
+            "router": router, "horizon_s": horizon, "max_queue_len": queue, "engine": engine,
+            "measure": {"records": records}, "workload": {"num_requests": 1}})
+        r = simulate(sc, parts)
+        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.to_csv(), json.dumps(r.summary, sort_keys=True)))
+    assert outs[0] == outs[1]
+
+
+# -- which engine runs ------------------------------------------------------------------------------
+
+def test_auto_takes_the_core_where_it_can_and_python_elsewhere():
+    for policy, router, want in (("continuous", "round_robin", "core"), ("static", "round_robin", "python"),
+                                 ("chunked_prefill", "power_of_two", "python")):
+        raw = _scenario(POLICIES[policy], replicas=2, router=router)
+        raw["workload"] = dict(raw["workload"], num_requests=20)
+        sc = scenario_from_dict(raw)
+        assert simulate(sc, build_parts(sc)).engine["engine"] == want, policy
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"policy": {"name": "static"}}, "policy 'static'"),
+    ({"router": "power_of_two", "replicas": 2}, "router 'power_of_two'"),
+    ({"policy": {"name": "continuous", "order": "shortest_prompt_first"}}, "queue order"),
+])
+def test_engine_core_says_why_it_cannot_run_a_scenario(change, reason):
+    raw = dict(_scenario(POLICIES["continuous"]), engine="core", **change)
+    sc = scenario_from_dict(raw)
+    with pytest.raises(InputError, match=f"engine: core cannot run this scenario: {reason}"):
+        simulate(sc, build_parts(sc))
+
+
+def test_without_a_compiler_auto_falls_back_and_core_says_why(monkeypatch):
+    monkeypatch.setattr(core, "library", lambda: None)
+    monkeypatch.setattr(core, "library_error", lambda: "cc: not found")
+    raw = _scenario(POLICIES["continuous"])
+    raw["workload"] = dict(raw["workload"], num_requests=20)
+    sc = scenario_from_dict(raw)
+    assert simulate(sc, build_parts(sc)).engine["engine"] == "python"
+    sc = scenario_from_dict(dict(raw, engine="core"))
+    with pytest.raises(InputError, match="could not be built"):
+        simulate(sc, build_parts(sc))
