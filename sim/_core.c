@@ -31,10 +31,13 @@
 #define CORE_ERR_ADMIN (-1)     /* no step after 100000 plans */
 #define CORE_ERR_INTERNAL (-2)  /* an invariant broke (a bug: the Python engine would have raised) */
 #define CORE_ERR_NOMEM (-3)
+#define CORE_ERR_IDLE (-4)      /* a policy asked to idle until a time not after now */
 
 #define POL_SEPARATE 0
 #define POL_MIXED 1
 #define POL_CHUNKED 2
+#define POL_STATIC 3
+#define POL_DYNAMIC 4
 
 #define R_ROUND_ROBIN 0
 #define R_LEAST_OUTSTANDING 1
@@ -46,6 +49,7 @@
 #define EV_STEP 3
 #define EV_WAKE 4
 #define EV_COND 5
+#define EV_IDLE_TIMEOUT 6
 
 #define URGENT 0
 #define NORMAL 1
@@ -80,7 +84,12 @@ typedef struct {
     int64_t eid;
     int kind;
     int rep;
+    int64_t gen;  /* EV_IDLE_TIMEOUT: the idle spell it belongs to */
 } event_t;
+
+typedef struct {  /* a step's shape reduced to what pricing reads (RooflineCostModel.price) */
+    int64_t n, T, n_dec, ctx_dec, qkv, qq, kv_read, sampled;
+} sums_t;
 
 typedef struct {
     int64_t key;  /* -1: empty */
@@ -98,7 +107,10 @@ typedef struct {
     int64_t total_blocks, used, peak;
     int64_t outstanding, admissions, admin_only;
     double busy_s;
-    int phase, wake_triggered;
+    int phase, wake_triggered, cond_triggered;
+    int64_t idle_gen;
+    int has_idle_until;
+    double idle_until;
     /* the plan in hand */
     int64_t *rows_rid, *rows_q, *rows_ctx;
     int64_t nrows;
@@ -106,9 +118,19 @@ typedef struct {
     int64_t npre;
     int64_t *rej;  /* rejected rids (waiting order) */
     int64_t nrej;
-    /* the step in hand */
-    int64_t T, n_dec, ctx_dec, qkv, qq, sampled;
-    double start;
+    /* padded batches (policies/padded.py) */
+    int64_t *rel;  /* released rids */
+    int64_t nrel;
+    int complete_on_release, hold_finished;
+    int64_t reserve;  /* KV tokens reserved per launched member (0: none) */
+    int64_t billed;   /* decode rows' billed context (-1: none) */
+    int64_t nbilled;  /* rows whose billed context differs from their own */
+    int64_t *pad_q, *pad_kv, *pad_s;
+    int64_t npad;
+    /* the step in hand: billed shape (padding rows and billed contexts included) and useful rows */
+    sums_t bill, use;
+    int64_t rec_decode;  /* useful rows with q == 1 over a billed context > 0 */
+    double start, c_useful;
     double c_seconds, c_flops, c_bytes, c_comp, c_mem, c_net, c_over;
     int64_t c_oor;
     /* record buffers (owned by Python) */
@@ -123,6 +145,11 @@ typedef struct {
 typedef struct {
     /* configuration */
     int64_t n_req, n_rep, policy, max_seqs, cap, bs, total_blocks, max_model_len, max_queue_len, router;
+    /* static / dynamic: timeout (max_queue_delay_s), complete_at batch_end, preferred batch sizes */
+    double launch_delay;
+    int batch_end;
+    int64_t npref;
+    int64_t pref[64];
     int has_horizon;
     double horizon;
     int64_t step_cap, gap_cap;
@@ -222,9 +249,9 @@ static int heap_less(const event_t *a, const event_t *b) {
     return a->eid < b->eid;
 }
 
-static void schedule(core_t *s, double t, int prio, int kind, int rep) {
+static void schedule_gen(core_t *s, double t, int prio, int kind, int rep, int64_t gen) {
     /* simpy.Environment.schedule: heappush((now + delay, priority, eid, event)) */
-    event_t e = {t, prio, s->eid++, kind, rep};
+    event_t e = {t, prio, s->eid++, kind, rep, gen};
     int64_t i = s->nheap++;
     s->heap[i] = e;
     while (i > 0) {
@@ -233,6 +260,10 @@ static void schedule(core_t *s, double t, int prio, int kind, int rep) {
         event_t tmp = s->heap[p]; s->heap[p] = s->heap[i]; s->heap[i] = tmp;
         i = p;
     }
+}
+
+static void schedule(core_t *s, double t, int prio, int kind, int rep) {
+    schedule_gen(s, t, prio, kind, rep, 0);
 }
 
 static event_t heap_pop(core_t *s) {
@@ -388,10 +419,124 @@ static int schedule_partial_prefills(core_t *s, replica_t *r, builder_t *b) {
     return 1;
 }
 
+/* policies/padded.py: PaddedBatchPolicy.launch_size of static and dynamic batching */
+static int64_t launch_size(core_t *s, replica_t *r, int *has_until, double *until) {
+    int64_t n = r->wlen, B = s->max_seqs;
+    *has_until = 0;
+    if (n == 0) return 0;
+    if (s->policy == POL_STATIC) {
+        if (n >= B || s->launch_delay == 0.0) return n < B ? n : B;
+    } else {
+        if (n >= B) return B;
+        int64_t best = 0;
+        for (int64_t i = 0; i < s->npref; i++)
+            if (s->pref[i] <= n && s->pref[i] > best) best = s->pref[i];
+        if (best) return best;
+    }
+    double deadline = s->arrival[wq_at(r, 0)] + s->launch_delay;
+    if (s->now >= deadline) return n;
+    *has_until = 1;
+    *until = deadline;
+    return 0;
+}
+
+static void padded_launch(core_t *s, replica_t *r, int64_t free) {
+    /* PaddedBatchPolicy._launch: the longest FCFS prefix whose padded reservation fits (fit_prefix) */
+    int has_until;
+    double until = 0.0;
+    int64_t n = launch_size(s, r, &has_until, &until);
+    int64_t k = 0, longest = 0, target = 0;
+    if (n > r->wlen) n = r->wlen;
+    {
+        int64_t mp = 0, mo = 0;
+        for (int64_t j = 1; j <= n; j++) {
+            int64_t rid = wq_at(r, j - 1);
+            if (s->prompt[rid] > mp) mp = s->prompt[rid];
+            if (s->output[rid] > mo) mo = s->output[rid];
+            int64_t t = mp + mo, need = 0;
+            for (int64_t i = 0; i < j; i++) need += need_blocks(s, wq_at(r, i), t);
+            if (need > free) break;
+            k = j;
+            longest = mp;
+            target = t;
+        }
+    }
+    if (!k) {
+        r->has_idle_until = has_until;
+        r->idle_until = until;
+        return;
+    }
+    for (int64_t j = 0; j < k; j++) {
+        int64_t rid = wq_at(r, j);
+        r->rows_rid[r->nrows] = rid;
+        r->rows_q[r->nrows] = s->num_tokens[rid] - s->num_computed[rid];
+        r->nrows++;
+        if (s->prompt[rid] < longest) {
+            r->pad_q[r->npad] = longest - s->prompt[rid];
+            r->pad_kv[r->npad] = s->prompt[rid];
+            r->pad_s[r->npad] = 0;
+            r->npad++;
+        }
+    }
+    r->reserve = target;
+    r->hold_finished = 1;
+}
+
+static void padded_plan(core_t *s, replica_t *r) {
+    /* PaddedBatchPolicy.schedule */
+    int any_live = 0;
+    for (int64_t i = 0; i < r->nrun; i++)
+        if (!s->finished[r->run[i]]) { any_live = 1; break; }
+    if (any_live) {  /* _decode: live rows one token over the padded context, dead slots as padding */
+        int64_t longest = 0, g = 0;
+        for (int64_t i = 0; i < r->nrun; i++) {
+            int64_t rid = r->run[i];
+            if (s->prompt[rid] > longest) longest = s->prompt[rid];
+            if (s->num_generated[rid] > g) g = s->num_generated[rid];
+        }
+        int64_t ctx = longest + g - 1;
+        for (int64_t i = 0; i < r->nrun; i++) {
+            int64_t rid = r->run[i];
+            if (s->finished[rid]) {
+                r->pad_q[r->npad] = 1;
+                r->pad_kv[r->npad] = ctx;
+                r->pad_s[r->npad] = 1;
+                r->npad++;
+            } else {
+                r->rows_rid[r->nrows] = rid;
+                r->rows_q[r->nrows] = 1;
+                r->nrows++;
+                if (s->num_computed[rid] != ctx) r->nbilled++;
+            }
+        }
+        r->billed = ctx;
+        r->hold_finished = 1;
+        return;
+    }
+    if (!r->nrun) {
+        padded_launch(s, r, r->total_blocks - r->used);
+        return;
+    }
+    int64_t freed = 0;
+    for (int64_t i = 0; i < r->nrun; i++) {
+        freed += s->held[r->run[i]];
+        r->rel[r->nrel++] = r->run[i];
+    }
+    padded_launch(s, r, r->total_blocks - r->used + freed);
+    r->complete_on_release = s->batch_end;
+}
+
 static void plan(core_t *s, replica_t *r) {
     builder_t b;
     s->epoch++;
-    r->nrows = r->npre = r->nrej = 0;
+    r->nrows = r->npre = r->nrej = r->nrel = r->npad = r->nbilled = 0;
+    r->complete_on_release = r->hold_finished = r->has_idle_until = 0;
+    r->reserve = 0;
+    r->billed = -1;
+    if (s->policy == POL_STATIC || s->policy == POL_DYNAMIC) {
+        padded_plan(s, r);
+        return;
+    }
     b.budget = s->cap;
     b.free = r->total_blocks - r->used;
     b.slots = s->max_seqs - r->nrun;
@@ -425,7 +570,16 @@ static void remove_running(replica_t *r, int64_t rid) {
 }
 
 static int apply_admission(core_t *s, replica_t *r) {
-    /* Replica._admit: reject, preempt, admit */
+    /* Replica._admit: release, reject, preempt, admit */
+    for (int64_t j = 0; j < r->nrel; j++) {
+        int64_t rid = r->rel[j];
+        if (!s->finished[rid]) return CORE_ERR_INTERNAL;
+        remove_running(r, rid);
+        s->running[rid] = 0;
+        kv_free(s, r, rid);
+        if (r->complete_on_release) s->completion[rid] = s->now;
+        r->outstanding--;
+    }
     for (int64_t j = 0; j < r->nrej; j++) {
         int64_t rid = r->rej[j];
         for (int64_t i = 0; i < r->wlen; i++)
@@ -470,12 +624,24 @@ static int apply_admission(core_t *s, replica_t *r) {
     return 0;
 }
 
+static void sums_add(sums_t *m, int64_t q, int64_t kv) {
+    m->n++;
+    m->T += q;
+    m->qkv += q * kv;
+    m->qq += q * q;
+    m->kv_read += kv;
+    if (q == 1 && kv != 0) { m->n_dec++; m->ctx_dec += kv; }
+}
+
 static int grow_and_shape(core_t *s, replica_t *r) {
-    int64_t T = 0, n_dec = 0, ctx_dec = 0, qkv = 0, qq = 0, sampled = 0;
+    /* Replica._grow_and_shape: grow each row's KV (to its reservation), then the billed and useful shapes */
+    sums_t bill = {0, 0, 0, 0, 0, 0, 0, 0}, use = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t rec_decode = 0;
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j], q = r->rows_q[j];
         int64_t c = s->num_computed[rid], total = c + q;
         if (q < 1 || total > s->num_tokens[rid]) return CORE_ERR_INTERNAL;
+        if (r->reserve > total) total = r->reserve;
         int64_t want = blocks_for(total, s->bs), have = s->held[rid];
         if (want > have) {
             int64_t extra = want - have;
@@ -485,39 +651,44 @@ static int grow_and_shape(core_t *s, replica_t *r) {
             if (r->used > r->peak) r->peak = r->used;
         }
         r->rows_ctx[j] = c;
-        if (total == s->num_tokens[rid]) sampled++;
-        T += q;
-        qkv += q * c;
-        qq += q * q;
-        if (q == 1 && c != 0) { n_dec++; ctx_dec += c; }
+        if (c + q == s->num_tokens[rid]) { bill.sampled++; use.sampled++; }
+        int64_t kv = r->billed >= 0 ? r->billed : c;
+        sums_add(&use, q, c);
+        sums_add(&bill, q, kv);
+        if (q == 1 && kv > 0) rec_decode++;
     }
-    r->T = T;
-    r->n_dec = n_dec;
-    r->ctx_dec = ctx_dec + n_dec;
-    r->qkv = qkv;
-    r->qq = qq;
-    r->sampled = sampled;
+    for (int64_t j = 0; j < r->npad; j++) {
+        sums_add(&bill, r->pad_q[j], r->pad_kv[j]);
+        if (r->pad_s[j]) bill.sampled++;
+    }
+    bill.ctx_dec += bill.n_dec;
+    use.ctx_dec += use.n_dec;
+    r->bill = bill;
+    r->use = use;
+    r->rec_decode = rec_decode;
     return 0;
 }
 
-static int price(core_t *s, replica_t *r) {
+typedef struct {
+    double seconds, flops, bytes, comp, mem, net, over;
+    int64_t oor;
+} cost_t;
+
+static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
     /* RooflineCostModel.price -> _price_fast, operation for operation */
-    int64_t n = r->nrows, T = r->T, n_dec = r->n_dec, ctx_dec = r->ctx_dec;
-    dense_t *d = dense_find(s, dense_key(T, r->sampled));
+    int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec;
+    dense_t *d = dense_find(s, dense_key(T, m->sampled));
     if (d->key == -1) {
         s->need_T = T;
-        s->need_s = r->sampled;
+        s->need_s = m->sampled;
         return CORE_NEED_DENSE;
     }
     double pairs, pre_kv;
-    if (T == n && r->qq == n) {  /* every row one token */
+    if (T == n && m->qq == n) {  /* every row one token */
         pairs = pre_kv = (double)(n - n_dec);
     } else {
-        pairs = (double)(2 * r->qkv + r->qq + T) / 2.0 - (double)ctx_dec;
-        /* rows with q == 0 read no KV; here every row computes */
-        int64_t kv_read = 0;
-        for (int64_t j = 0; j < n; j++) kv_read += r->rows_ctx[j];
-        pre_kv = (double)(kv_read + T - ctx_dec);
+        pairs = (double)(2 * m->qkv + m->qq + T) / 2.0 - (double)ctx_dec;
+        pre_kv = (double)(m->kv_read + T - ctx_dec);  /* (every row computes: q >= 1) */
     }
     double comp = d->v[0], mem = d->v[1], net = d->v[2], over = d->v[3], flops = d->v[4], nbytes = d->v[5];
     int64_t oor = (int64_t)d->v[6];
@@ -540,26 +711,50 @@ static int price(core_t *s, replica_t *r) {
             cc = &s->dec_c; mc = &s->dec_m; rng = s->dec_range; has_rng = s->dec_has_range;
         }
         if (!tokens) continue;
+        flops += wf;
+        if (flops_only) continue;
         double per = wb / L;
         double tc = wf != 0.0 ? wf / (s->peak * curve_eval(cc, (double)tokens)) : 0.0;
         double tm = wb != 0.0 ? wb / (s->bw * curve_eval(mc, per)) : 0.0;
         if (tc >= tm) comp += tc; else mem += tm;
         over += s->l_launch;
-        flops += wf;
         nbytes += wb;
         if (has_rng && !(rng[0] <= (double)tokens && (double)tokens <= rng[1] && rng[2] <= per && per <= rng[3]))
             oor += 1;
     }
-    over += (n_dec ? s->host0d : s->host0) + s->host1 * (double)n;
     double t = (double)s->tp;
-    r->c_seconds = comp + mem + net + over;
-    r->c_flops = flops * t;
-    r->c_bytes = nbytes * t;
-    r->c_comp = comp;
-    r->c_mem = mem;
-    r->c_net = net;
-    r->c_over = over;
-    r->c_oor = oor;
+    out->flops = flops * t;
+    if (flops_only) return 0;
+    over += (n_dec ? s->host0d : s->host0) + s->host1 * (double)n;
+    out->seconds = comp + mem + net + over;
+    out->bytes = nbytes * t;
+    out->comp = comp;
+    out->mem = mem;
+    out->net = net;
+    out->over = over;
+    out->oor = oor;
+    return 0;
+}
+
+static int price(core_t *s, replica_t *r) {
+    cost_t c, u;
+    int st = price_sums(s, &r->bill, &c, 0);
+    if (st) return st;
+    if (r->npad || r->nbilled) {  /* useful_flops: the useful rows priced on their own */
+        st = price_sums(s, &r->use, &u, 1);
+        if (st) return st;
+    } else {
+        u.flops = c.flops;
+    }
+    r->c_seconds = c.seconds;
+    r->c_flops = c.flops;
+    r->c_useful = u.flops;
+    r->c_bytes = c.bytes;
+    r->c_comp = c.comp;
+    r->c_mem = c.mem;
+    r->c_net = c.net;
+    r->c_over = c.over;
+    r->c_oor = c.oor;
     return 0;
 }
 
@@ -593,7 +788,7 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
             ndone++;
         }
     }
-    if (ndone) {
+    if (ndone && !r->hold_finished) {
         int64_t k = 0;
         for (int64_t i = 0; i < r->nrun; i++) {
             int64_t rid = r->run[i];
@@ -613,7 +808,7 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
     f[0 * cap + i] = r->start;
     f[1 * cap + i] = now;
     f[2 * cap + i] = r->c_flops;
-    f[3 * cap + i] = r->c_flops;
+    f[3 * cap + i] = r->c_useful;
     f[4 * cap + i] = r->c_bytes;
     f[5 * cap + i] = r->c_comp;
     f[6 * cap + i] = r->c_mem;
@@ -621,10 +816,10 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
     f[8 * cap + i] = r->c_over;
     n[0 * cap + i] = ri;
     n[1 * cap + i] = r->nrows;
-    n[2 * cap + i] = r->nrows;
-    n[3 * cap + i] = r->T - r->n_dec;
-    n[4 * cap + i] = r->n_dec;
-    n[5 * cap + i] = 0;
+    n[2 * cap + i] = r->nrows + r->npad;
+    n[3 * cap + i] = r->use.T - r->rec_decode;
+    n[4 * cap + i] = r->rec_decode;
+    n[5 * cap + i] = r->bill.T - r->use.T;
     n[6 * cap + i] = r->c_oor;
     n[7 * cap + i] = r->used;
     n[8 * cap + i] = r->wlen;
@@ -643,12 +838,18 @@ static int replica_loop(core_t *s, int ri) {
             int err = apply_admission(s, r);
             if (err) return err;
             if (!r->nrows) {
-                if (r->nrej || r->npre) {
+                if (r->nrel || r->nrej || r->npre) {
                     if (++r->admin_only > 100000) return CORE_ERR_ADMIN;
                     continue;
                 }
+                /* Replica._idle: AnyOf(wake[, timeout(idle_until - now)]) */
                 r->phase = PH_IDLE;
-                r->wake_triggered = 0;
+                r->wake_triggered = r->cond_triggered = 0;
+                r->idle_gen++;
+                if (r->has_idle_until) {
+                    if (r->idle_until <= s->now) return CORE_ERR_IDLE;
+                    schedule_gen(s, s->now + (r->idle_until - s->now), NORMAL, EV_IDLE_TIMEOUT, ri, r->idle_gen);
+                }
                 return 0;
             }
             r->admin_only = 0;
@@ -752,7 +953,7 @@ void core_free(core_t *s) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
             free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->rows_ctx);
-            free(r->pre); free(r->rej);
+            free(r->pre); free(r->rej); free(r->rel); free(r->pad_q); free(r->pad_kv); free(r->pad_s);
         }
         free(s->reps);
     }
@@ -773,6 +974,9 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     s->bs = ip[5]; s->max_model_len = ip[7]; s->max_queue_len = ip[8]; s->router = ip[9];
     s->has_horizon = (int)ip[10]; s->L = ip[11]; s->h = ip[12]; s->dh = ip[13]; s->tp = ip[14];
     s->step_cap = ip[15]; s->gap_cap = ip[16]; s->pre_has_range = (int)ip[17]; s->dec_has_range = (int)ip[18];
+    s->batch_end = (int)ip[19]; s->npref = ip[20];
+    for (int64_t i = 0; i < s->npref && i < 64; i++) s->pref[i] = ip[21 + i];
+    s->launch_delay = dp[18];
     s->horizon = dp[0]; s->L4 = dp[1]; s->kv_elt = dp[2]; s->qo = dp[3]; s->peak = dp[4]; s->bw = dp[5];
     s->l_launch = dp[6]; s->host0 = dp[7]; s->host1 = dp[8]; s->host0d = dp[9];
     for (int i = 0; i < 4; i++) { s->pre_range[i] = dp[10 + i]; s->dec_range[i] = dp[14 + i]; }
@@ -828,14 +1032,19 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
         r->total_blocks = blocks[i];
         r->wcap = wcap;
         r->wq = (int64_t *)malloc(sizeof(int64_t) * wcap);
-        int64_t rc = s->max_seqs + 1;
+        int64_t rc = (s->max_seqs < n ? s->max_seqs : n) + 1;  /* (running never exceeds the requests) */
         r->run = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rows_rid = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rows_q = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rows_ctx = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pre = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rej = (int64_t *)malloc(sizeof(int64_t) * m);
-        if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->rows_ctx || !r->pre || !r->rej) {
+        r->rel = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->pad_q = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->pad_kv = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->pad_s = (int64_t *)malloc(sizeof(int64_t) * rc);
+        if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->rows_ctx || !r->pre || !r->rej || !r->rel
+            || !r->pad_q || !r->pad_kv || !r->pad_s) {
             core_free(s);
             return NULL;
         }
@@ -879,7 +1088,8 @@ int core_run(core_t *s) {
         if (s->has_horizon && !(s->heap[0].t < s->horizon)) break;
         event_t e = heap_pop(s);
         s->now = e.t;
-        if (e.kind == EV_ARRIVAL || e.kind == EV_STEP) s->now_is_int = 0;  /* now + a float delay */
+        if (e.kind == EV_ARRIVAL || e.kind == EV_STEP || e.kind == EV_IDLE_TIMEOUT)
+            s->now_is_int = 0;  /* now + a float delay */
         switch (e.kind) {
         case EV_INIT_REPLICA:
             st = replica_loop(s, e.rep);
@@ -894,10 +1104,18 @@ int core_run(core_t *s) {
             st = step_done(s, e.rep);
             break;
         case EV_WAKE:
-            /* AnyOf's check: the condition succeeds, the process resumes when it is processed */
-            schedule(s, s->now, NORMAL, EV_COND, e.rep);
+        case EV_IDLE_TIMEOUT: {
+            /* AnyOf's check: the first of its events makes the condition succeed (scheduled now);
+             * the process resumes when that is processed. A timeout of an earlier idle spell, or
+             * one after the condition succeeded, changes nothing. */
+            replica_t *r = &s->reps[e.rep];
+            if (r->phase == PH_IDLE && !r->cond_triggered && (e.kind == EV_WAKE || e.gen == r->idle_gen)) {
+                r->cond_triggered = 1;
+                schedule(s, s->now, NORMAL, EV_COND, e.rep);
+            }
             st = 0;
             break;
+        }
         case EV_COND:
             s->reps[e.rep].phase = PH_SCHEDULE;
             st = replica_loop(s, e.rep);
@@ -912,7 +1130,7 @@ int core_run(core_t *s) {
 }
 
 /* Scalars Python reads back: [now, steps, need_T, need_s, delivered], then per
- * replica [nsteps, ngaps, peak, busy_s, queued + running]. */
+ * replica [nsteps, ngaps, peak, busy_s, 0]. */
 void core_info(core_t *s, double *out) {
     out[0] = s->now;
     out[1] = (double)s->steps_total;
@@ -925,8 +1143,19 @@ void core_info(core_t *s, double *out) {
         out[5 + 5 * i + 1] = (double)r->ngaps;
         out[5 + 5 * i + 2] = (double)r->peak;
         out[5 + 5 * i + 3] = r->busy_s;
-        out[5 + 5 * i + 4] = (double)(r->wlen + r->nrun);
+        out[5 + 5 * i + 4] = 0.0;
     }
+}
+
+/* Unfinished requests queued or running on some replica (a padded batch also holds finished ones). */
+int64_t core_held(core_t *s) {
+    int64_t held = 0;
+    for (int64_t i = 0; i < s->n_rep; i++) {
+        replica_t *r = &s->reps[i];
+        for (int64_t j = 0; j < r->wlen; j++) held += s->status[wq_at(r, j)] == ST_UNFINISHED;
+        for (int64_t j = 0; j < r->nrun; j++) held += s->status[r->run[j]] == ST_UNFINISHED;
+    }
+    return held;
 }
 
 void core_flushed(core_t *s) {

@@ -41,8 +41,9 @@ _SOURCE = Path(__file__).with_name("_core.c")
 _FLAGS = ["-O2", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-finite-math-only"]
 
 _DONE, _FLUSH, _NEED_DENSE = 0, 1, 2
-_ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM = -1, -2, -3
-_POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunked_prefill", None): 2}
+_ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
+_POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunked_prefill", None): 2,
+             ("static", None): 3, ("dynamic", None): 4}
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)
 _STEP_CAP = 16384
@@ -113,6 +114,8 @@ def library() -> ctypes.CDLL | None:
     lib.core_put_dense.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp]
     lib.core_info.restype = None
     lib.core_info.argtypes = [vp, vp]
+    lib.core_held.restype = ctypes.c_int64
+    lib.core_held.argtypes = [vp]
     lib.core_flushed.restype = None
     lib.core_flushed.argtypes = [vp]
     lib.core_free.restype = None
@@ -126,23 +129,41 @@ def library_error() -> str | None:
     return _lib_error
 
 
-def unsupported(policy, cost, router: str, replica_factory, kv_type) -> str | None:
+_BIG = 1 << 40  # integer knobs and token counts the core takes (products stay far inside int64)
+
+
+def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=None,
+                max_queue_len: int | None = None) -> str | None:
     """Why the compiled core cannot run this scenario, or None when it can."""
     from calibrate.costmodel import RooflineCostModel
     from policies.chunked_prefill import ChunkedPrefillPolicy
     from policies.continuous import ContinuousPolicy
+    from policies.dynamic import DynamicPolicy
+    from policies.static import StaticPolicy
     from sim.engine import Replica
     from sim.kv import PagedKVCache
 
     if replica_factory is not Replica:
         return "a custom replica (the reference executor times real steps)"
-    if type(policy) not in (ContinuousPolicy, ChunkedPrefillPolicy):
-        return f"policy {policy.name!r} (the core runs continuous and chunked_prefill)"
+    if type(policy) not in (ContinuousPolicy, ChunkedPrefillPolicy, StaticPolicy, DynamicPolicy):
+        return f"policy {policy.name!r} (the core runs the four built-in policies)"
     cfg = policy.config
-    if cfg.order != "fcfs":
+    if getattr(cfg, "order", "fcfs") != "fcfs":
         return f"queue order {cfg.order!r} (the core runs fcfs)"
-    if cfg.enable_prefix_caching or kv_type is not PagedKVCache:
+    if getattr(cfg, "enable_prefix_caching", False) or kv_type is not PagedKVCache:
         return "a prefix cache"
+    if len(getattr(cfg, "preferred_batch_sizes", ())) > 64:
+        return "more than 64 preferred batch sizes"
+    knobs = {k: getattr(cfg, k, None) for k in ("max_num_seqs", "max_num_batched_tokens", "max_batch_size",
+                                               "block_size", "max_model_len")}
+    knobs["max_queue_len"] = max_queue_len
+    for k, v in knobs.items():
+        if v is not None and v >= _BIG:
+            return f"{k} {v} (the core takes integers below 2^40)"
+    if workload is not None and len(workload):
+        top = int(max(workload.prompt_tokens.max(), workload.output_tokens.max()))
+        if top >= 1 << 31:
+            return f"a request of {top} tokens (the core takes fewer than 2^31)"
     if router not in _ROUTERS:
         return f"router {router!r} (the core runs {', '.join(_ROUTERS)})"
     if type(cost) is not RooflineCostModel or getattr(cost, "_attn", None) is None:
@@ -193,12 +214,16 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
      pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
     pre_has, pre_r = _range(pre_range)
     dec_has, dec_r = _range(dec_range)
-    ip = np.array([n, reps, _policy_code(policy), cfg.max_num_seqs, cfg.max_num_batched_tokens, block_size,
+    padded = hasattr(cfg, "max_batch_size")
+    prefs = list(getattr(cfg, "preferred_batch_sizes", ()))
+    ip = np.array([n, reps, _policy_code(policy), cfg.max_batch_size if padded else cfg.max_num_seqs,
+                   0 if padded else cfg.max_num_batched_tokens, block_size,
                    0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
-                   0 if horizon is None else 1, L, h, dh, cost.tp, _STEP_CAP, _GAP_CAP, pre_has, dec_has],
-                  dtype=np.int64)
+                   0 if horizon is None else 1, L, h, dh, cost.tp, _STEP_CAP, _GAP_CAP, pre_has, dec_has,
+                   int(padded and cfg.complete_at == "batch_end"), len(prefs), *prefs], dtype=np.int64)
+    delay = float(getattr(cfg, "timeout_s", getattr(cfg, "max_queue_delay_s", 0.0)))
     dp = np.array([0.0 if horizon is None else float(horizon), float(L4), float(kv_elt), float(qo), float(peak),
-                   float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r],
+                   float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r, delay],
                   dtype=np.float64)
     curves = np.array(_pack_curve(pre.compute) + _pack_curve(pre_mem) + _pack_curve(dec.compute)
                       + _pack_curve(dec_mem), dtype=np.float64)
@@ -233,6 +258,8 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                 continue
             if status == _ERR_ADMIN:
                 raise PolicyError(f"{policy.name}: no step after 100000 plans")
+            if status == _ERR_IDLE:
+                raise PolicyError(f"{policy.name}: asked to idle until a time not after now")
             if status < 0:
                 raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
             lib.core_info(st, _ptr(info))
@@ -241,6 +268,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
             if status == _DONE:
                 break
         lib.core_info(st, _ptr(info))
+        held = int(lib.core_held(st))
     finally:
         lib.core_free(st)
     delivered = int(info[4])
@@ -249,7 +277,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     return CoreRun(requests=requests, now=float(info[0]),
                    kv_peak=[int(info[5 + 5 * i + 2]) for i in range(reps)],
                    busy_s=[float(info[5 + 5 * i + 3]) for i in range(reps)], steps=int(info[1]),
-                   held=sum(int(info[5 + 5 * i + 4]) for i in range(reps)))
+                   held=held)
 
 
 def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:

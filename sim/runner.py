@@ -131,7 +131,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
     why = None
     if scenario.engine != "python":
-        why = core.unsupported(pols[0], parts.cost, scenario.router, replica, type(caches[0]))
+        why = core.unsupported(pols[0], parts.cost, scenario.router, replica, type(caches[0]), parts.workload,
+                               scenario.max_queue_len)
         if why is None and core.library() is None:
             why = f"the compiled core could not be built ({core.library_error()})"
         if why is not None and scenario.engine == "core":

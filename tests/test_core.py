@@ -27,11 +27,12 @@ from sim.config import scenario_from_dict
 from sim.errors import InputError
 from sim.runner import Parts, build_parts, simulate, write_outputs
 from tests.test_fast_forward import POLICIES, _calibrated_like, _scenario
-from tests.test_properties import workloads
+from tests.test_properties import POLICY_SPECS, workloads
 
 pytestmark = pytest.mark.skipif(core.library() is None, reason=f"no compiled core here: {core.library_error()}")
 
 ITERATION = ("continuous", "continuous_mixed", "chunked_prefill")
+ALL = ITERATION + ("static", "dynamic")
 
 
 def _files(result, tmp_path, tag: str) -> dict[str, bytes]:
@@ -61,7 +62,7 @@ def _assert_same(out) -> None:
     assert r_c.engine["steps"] == r_py.engine["steps"]
 
 
-CASES = [(p, {}) for p in ITERATION] + [
+CASES = [(p, {}) for p in ALL] + [
     ("continuous", {"replicas": 3, "router": "least_kv"}),
     ("continuous", {"replicas": 3, "router": "least_outstanding"}),
     ("continuous_mixed", {"replicas": 2, "router": "round_robin"}),
@@ -72,18 +73,24 @@ CASES = [(p, {}) for p in ITERATION] + [
     ("continuous", {"measure": {"records": "aggregate", "warmup_s": 2.0, "cooldown_s": 2.0}}),
     ("chunked_prefill", {"replicas": 2, "measure": {"records": "aggregate"}}),
     ("continuous", {"tensor_parallel_size": 2, "dtype": "fp8"}),
+    ("static", {"replicas": 2, "router": "least_outstanding"}),
+    ("dynamic", {"replicas": 3, "router": "least_kv", "measure": {"records": "aggregate"}}),
+    ("dynamic", {"horizon_s": 9.0, "max_queue_len": 5}),
+    ("static", {"horizon_s": 7.0, "policy": {"name": "static", "max_batch_size": 6, "timeout_s": 0.0,
+                                             "complete_at": "own_token"}}),
 ]
 
 
 @pytest.mark.parametrize("policy,extra", CASES, ids=[f"{p}-{'-'.join(e) or 'r1'}" for p, e in CASES])
 def test_core_and_python_write_identical_outputs(policy, extra, tmp_path):
-    out = _both(_scenario(POLICIES[policy], **extra), tmp_path)
+    spec = extra.get("policy", POLICIES[policy])
+    out = _both(_scenario(spec, **{k: v for k, v in extra.items() if k != "policy"}), tmp_path)
     _assert_same(out)
-    if not extra and policy != "continuous_mixed":
+    if not extra and policy in ("continuous", "chunked_prefill"):
         assert out["core"][1].summary["preemptions"] > 0  # KV pressure was real
 
 
-@pytest.mark.parametrize("policy", ITERATION)
+@pytest.mark.parametrize("policy", ALL)
 def test_core_prices_a_calibrated_profile_exactly(policy, tmp_path):
     """Measured ranges (out-of-range counts), a decode-step host term, tensor parallelism."""
     raw = _scenario(POLICIES[policy], model="llama-3-70b", hardware="h100-sxm", tensor_parallel_size=4)
@@ -118,7 +125,8 @@ def test_core_rejects_as_the_python_engine_does(tmp_path):
 
 
 @pytest.mark.parametrize("policy,replicas,router", [
-    ("continuous", 1, "least_kv"), ("continuous_mixed", 2, "round_robin"), ("chunked_prefill", 3, "least_outstanding")])
+    ("continuous", 1, "least_kv"), ("continuous_mixed", 2, "round_robin"), ("chunked_prefill", 3, "least_outstanding"),
+    ("static", 1, "round_robin"), ("dynamic", 2, "least_kv")])
 def test_core_orders_arrivals_tied_with_step_ends_as_simpy_does(policy, replicas, router, tmp_path):
     raw = _scenario(POLICIES[policy], replicas=replicas, router=router)
     sc = scenario_from_dict(dict(raw, engine="python"))
@@ -139,11 +147,9 @@ def test_core_orders_arrivals_tied_with_step_ends_as_simpy_does(policy, replicas
 
 
 _SPECS = st.one_of(
-    st.builds(lambda s, t, m: {"name": "continuous", "max_num_seqs": s, "max_num_batched_tokens": t,
-                               "prefill_mode": m},
-              st.integers(1, 8), st.integers(64, 400), st.sampled_from(["separate", "mixed"])),
-    st.builds(lambda s, t: {"name": "chunked_prefill", "max_num_seqs": s, "max_num_batched_tokens": t},
-              st.integers(1, 8), st.integers(8, 128)),
+    POLICY_SPECS,
+    st.builds(lambda b, t, c: {"name": "static", "max_batch_size": b, "timeout_s": t, "complete_at": c},
+              st.integers(1, 6), st.sampled_from([0.0, 0.3]), st.sampled_from(["batch_end", "own_token"])),
 )
 _COST = RooflineCostModel(load_model("llama-3-8b"), load_hardware("l4"))
 
@@ -170,7 +176,7 @@ def test_core_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, replic
 # -- which engine runs ------------------------------------------------------------------------------
 
 def test_auto_takes_the_core_where_it_can_and_python_elsewhere():
-    for policy, router, want in (("continuous", "round_robin", "core"), ("static", "round_robin", "python"),
+    for policy, router, want in (("continuous", "round_robin", "core"), ("static", "least_kv", "core"),
                                  ("chunked_prefill", "power_of_two", "python")):
         raw = _scenario(POLICIES[policy], replicas=2, router=router)
         raw["workload"] = dict(raw["workload"], num_requests=20)
@@ -179,7 +185,8 @@ def test_auto_takes_the_core_where_it_can_and_python_elsewhere():
 
 
 @pytest.mark.parametrize("change,reason", [
-    ({"policy": {"name": "static"}}, "policy 'static'"),
+    ({"policy": {"name": "continuous", "enable_prefix_caching": True},
+      "workload": {"num_requests": 5, "shared_prefix": {"groups": 2, "tokens": 64}}}, "a prefix cache"),
     ({"router": "power_of_two", "replicas": 2}, "router 'power_of_two'"),
     ({"policy": {"name": "continuous", "order": "shortest_prompt_first"}}, "queue order"),
 ])
