@@ -176,6 +176,7 @@ typedef struct {
     /* events */
     event_t *heap;
     int64_t nheap, heapcap, eid;
+    int nomem;  /* an allocation failed (the run stops with CORE_ERR_NOMEM) */
     double now;
     int64_t next_rid;  /* arrivals delivered so far */
     int64_t rr;        /* round robin counter */
@@ -252,6 +253,15 @@ static int heap_less(const event_t *a, const event_t *b) {
 static void schedule_gen(core_t *s, double t, int prio, int kind, int rep, int64_t gen) {
     /* simpy.Environment.schedule: heappush((now + delay, priority, eid, event)) */
     event_t e = {t, prio, s->eid++, kind, rep, gen};
+    if (s->nheap == s->heapcap) {  /* (deadline timeouts of earlier idle spells wait in the heap too) */
+        event_t *h = (event_t *)realloc(s->heap, sizeof(event_t) * s->heapcap * 2);
+        if (!h) {
+            s->nomem = 1;
+            return;
+        }
+        s->heap = h;
+        s->heapcap *= 2;
+    }
     int64_t i = s->nheap++;
     s->heap[i] = e;
     while (i > 0) {
@@ -1124,6 +1134,7 @@ int core_run(core_t *s) {
             st = CORE_ERR_INTERNAL;
         }
         if (st) return st;
+        if (s->nomem) return CORE_ERR_NOMEM;
     }
     if (s->has_horizon) s->now = s->horizon;
     return CORE_DONE;

@@ -77,17 +77,21 @@ def _build() -> Path:
             d.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+        try:
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+        except OSError:
+            continue
         os.close(fd)
         try:
-            proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True, text=True,
-                                  timeout=120)
+            try:
+                proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True,
+                                      text=True, timeout=120)
+            except OSError as exc:
+                raise RuntimeError(f"C compiler {cc!r} not runnable: {exc}") from None
             if proc.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
             os.replace(tmp, lib)  # atomic: concurrent builds of the same source agree
             return lib
-        except OSError:
-            continue
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
