@@ -72,10 +72,13 @@
 #define NSTEP_F 9  /* start end flops useful_flops bytes compute_s memory_s network_s overhead_s */
 #define NSTEP_I 11 /* replica num_seqs num_rows prefill decode padding oor kv_used waiting running preempted */
 
+#define MEMO_N 65536  /* compute-curve values remembered by token count */
+
 typedef struct {
     int n;
     double lo, hi, ylo, yhi;
     const double *lx, *y, *slope;
+    double *memo;  /* [MEMO_N], NaN where not yet evaluated (compute curves only) */
 } curve_t;
 
 typedef struct {
@@ -86,6 +89,17 @@ typedef struct {
     int rep;
     int64_t gen;  /* EV_IDLE_TIMEOUT: the idle spell it belongs to */
 } event_t;
+
+/* One dense operator (calibrate/work.py ShardShape.dense) as _roofline prices it. */
+typedef struct {
+    curve_t comp, mem;
+    int has_rng;
+    double rng[4];
+    double peak;
+    int64_t kernels;
+} op_t;
+
+#define N_OPS 10  /* embedding norms qkv_proj rotary kv_cache_write o_proj mlp_up mlp_act mlp_down lm_head */
 
 typedef struct {  /* a step's shape reduced to what pricing reads (RooflineCostModel.price) */
     int64_t n, T, n_dec, ctx_dec, qkv, qq, kv_read, sampled;
@@ -159,6 +173,11 @@ typedef struct {
     int pre_has_range, dec_has_range;
     double pre_range[4], dec_range[4];
     curve_t pre_c, pre_m, dec_c, dec_m;
+    /* the dense operators, when the core prices them itself (else Python answers CORE_NEED_DENSE) */
+    int dense_in_c;
+    op_t ops[N_OPS];
+    int64_t m_d, m_heads, m_kvh, m_qkvw, m_rot, m_vocab, m_f, m_up, t_count;
+    double b_w, b_kv, launch, link_lat, link_bw;
     /* dense totals by (tokens, sampled) */
     dense_t *dense;
     int64_t dense_cap, dense_n;
@@ -202,6 +221,18 @@ static double curve_eval(const curve_t *c, double size) {
     if (i < 0) i = 0;
     if (i > c->n - 2) i = c->n - 2;
     return exp(c->y[i] + (lx - c->lx[i]) * c->slope[i]);
+}
+
+/* A compute curve at a token count: evaluated once per count (the same double every time). */
+static double curve_tokens(const curve_t *c, int64_t tokens) {
+    if (tokens >= 0 && tokens < MEMO_N) {
+        double v = c->memo[tokens];
+        if (v == v) return v;
+        v = curve_eval(c, (double)tokens);
+        c->memo[tokens] = v;
+        return v;
+    }
+    return curve_eval(c, (double)tokens);
 }
 
 static const double *curve_load(curve_t *c, const double *p) {
@@ -684,14 +715,92 @@ typedef struct {
     int64_t oor;
 } cost_t;
 
+/* RooflineCostModel._roofline + _fold of one Work item onto the totals. */
+static void fold(const core_t *s, const op_t *o, double flops, double nbytes, double tokens, double *t) {
+    double per = nbytes / (double)o->kernels;
+    double tc = flops != 0.0 ? flops / (o->peak * curve_eval(&o->comp, tokens)) : 0.0;
+    double tm = nbytes != 0.0 ? nbytes / (s->bw * curve_eval(&o->mem, per)) : 0.0;
+    if (tc >= tm) t[0] += tc; else t[1] += tm;
+    t[2] += (double)o->kernels * s->launch;
+    t[3] += flops;
+    t[4] += nbytes;
+    if (o->has_rng && !(o->rng[0] <= tokens && tokens <= o->rng[1] && o->rng[2] <= per && per <= o->rng[3]))
+        t[5] += 1.0;
+}
+
+/* RooflineCostModel._dense for a dense (non-MoE) model: ShardShape.dense's Work items with their
+ * float operations in Python's order, then the LM head, then the all-reduces. */
+static void dense_compute(const core_t *s, int64_t tokens, int64_t sampled, double *v) {
+    const double B = 2.0;  /* B_ACT */
+    double T = (double)tokens, L = (double)s->L, d = (double)s->m_d;
+    double t[6] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};  /* comp mem over flops bytes oor */
+    const op_t *o = s->ops;
+    int64_t Li = s->L;
+    double w;
+    /* embedding */
+    fold(s, &o[0], 0.0, T * d * B * 2.0 + T * 4.0, T, t);
+    /* norms: (2L+1) fused add+RMSNorm */
+    fold(s, &o[1], (double)((2 * Li + 1) * 5) * T * d, (double)((2 * Li + 1) * 4) * T * d * B, T, t);
+    /* qkv_proj: gemm(L, T, d, qkv) */
+    w = (double)(s->m_d * s->m_qkvw) * s->b_w;
+    fold(s, &o[2], L * 2.0 * T * d * (double)s->m_qkvw, L * (w + (T * d + T * (double)s->m_qkvw) * B), T, t);
+    /* rotary */
+    fold(s, &o[3], (double)(Li * 3) * T * (double)s->m_rot, (double)(Li * 2) * T * (double)s->m_rot * B, T, t);
+    /* kv_cache_write */
+    fold(s, &o[4], 0.0, L * T * 2.0 * (double)s->m_kvh * (double)s->dh * (B + s->b_kv), T, t);
+    /* o_proj: gemm(L, T, heads * dh, d) */
+    {
+        double k = (double)(s->m_heads * s->dh);
+        w = (double)(s->m_heads * s->dh * s->m_d) * s->b_w;
+        fold(s, &o[5], L * 2.0 * T * k * d, L * (w + (T * k + T * d) * B), T, t);
+    }
+    /* mlp: gemm(L, T, d, up), act, gemm(L, T, f, d) */
+    {
+        double up = (double)s->m_up, f = (double)s->m_f;
+        w = (double)(s->m_d * s->m_up) * s->b_w;
+        fold(s, &o[6], L * 2.0 * T * d * up, L * (w + (T * d + T * up) * B), T, t);
+        fold(s, &o[7], (double)(Li * 5) * T * f, L * T * (double)(s->m_up + s->m_f) * B, T, t);
+        w = (double)(s->m_f * s->m_d) * s->b_w;
+        fold(s, &o[8], L * 2.0 * T * f * d, L * (w + (T * f + T * d) * B), T, t);
+    }
+    /* lm_head over the sampled rows, fp32 logits written */
+    if (sampled > 0) {
+        double S = (double)sampled, V = (double)s->m_vocab;
+        w = (double)(s->m_d * s->m_vocab) * B;
+        double nbytes = 1.0 * (w + (S * d + S * V) * B);
+        nbytes = nbytes + S * V * (4.0 - B);
+        fold(s, &o[9], 2.0 * S * d * V, nbytes, S, t);
+    }
+    double net = 0.0, sent = 0.0;
+    if (s->tp > 1) {  /* _allreduce: 2 per layer, ring */
+        double count = (double)(2 * Li);
+        double msg = (double)(tokens * s->m_d) * B;
+        double one = 2.0 * (double)(s->tp - 1) / (double)s->tp * msg;
+        net = count * (s->link_lat + one / s->link_bw);
+        sent = count * one;
+    }
+    v[0] = t[0]; v[1] = t[1]; v[2] = net; v[3] = t[2]; v[4] = t[3]; v[5] = t[4] + sent; v[6] = t[5];
+}
+
 static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
     /* RooflineCostModel.price -> _price_fast, operation for operation */
     int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec;
     dense_t *d = dense_find(s, dense_key(T, m->sampled));
     if (d->key == -1) {
-        s->need_T = T;
-        s->need_s = m->sampled;
-        return CORE_NEED_DENSE;
+        if (!s->dense_in_c) {
+            s->need_T = T;
+            s->need_s = m->sampled;
+            return CORE_NEED_DENSE;
+        }
+        double v[7];
+        dense_compute(s, T, m->sampled, v);
+        if (2 * (s->dense_n + 1) > s->dense_cap) {
+            if (dense_grow(s)) return CORE_ERR_NOMEM;
+        }
+        d = dense_find(s, dense_key(T, m->sampled));
+        d->key = dense_key(T, m->sampled);
+        memcpy(d->v, v, sizeof(v));
+        s->dense_n++;
     }
     double pairs, pre_kv;
     if (T == n && m->qq == n) {  /* every row one token */
@@ -724,7 +833,7 @@ static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
         flops += wf;
         if (flops_only) continue;
         double per = wb / L;
-        double tc = wf != 0.0 ? wf / (s->peak * curve_eval(cc, (double)tokens)) : 0.0;
+        double tc = wf != 0.0 ? wf / (s->peak * curve_tokens(cc, tokens)) : 0.0;
         double tm = wb != 0.0 ? wb / (s->bw * curve_eval(mc, per)) : 0.0;
         if (tc >= tm) comp += tc; else mem += tm;
         over += s->l_launch;
@@ -958,7 +1067,7 @@ void core_free(core_t *s) {
     free(s->num_tokens); free(s->num_computed);
     free(s->held); free(s->order); free(s->running); free(s->finished);
     free(s->mark_sched); free(s->mark_pre);
-    free(s->heap); free(s->dense);
+    free(s->heap); free(s->dense); free(s->pre_c.memo); free(s->dec_c.memo);
     if (s->reps) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
@@ -994,7 +1103,30 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     p = curve_load(&s->pre_c, p);
     p = curve_load(&s->pre_m, p);
     p = curve_load(&s->dec_c, p);
-    curve_load(&s->dec_m, p);
+    p = curve_load(&s->dec_m, p);
+    /* the dense operators (ip[100..], dp[30..], curves after the attention ones) */
+    s->dense_in_c = (int)ip[100];
+    if (s->dense_in_c) {
+        s->m_d = ip[101]; s->m_heads = ip[102]; s->m_kvh = ip[103]; s->m_qkvw = ip[104]; s->m_rot = ip[105];
+        s->m_vocab = ip[106]; s->m_f = ip[107]; s->m_up = ip[108];
+        s->b_w = dp[30]; s->b_kv = dp[31]; s->launch = dp[32]; s->link_lat = dp[33]; s->link_bw = dp[34];
+        for (int i = 0; i < N_OPS; i++) {
+            op_t *o = &s->ops[i];
+            o->kernels = ip[109 + i];
+            o->has_rng = (int)ip[119 + i];
+            o->peak = dp[35 + i];
+            for (int j = 0; j < 4; j++) o->rng[j] = dp[45 + 4 * i + j];
+            p = curve_load(&o->comp, p);
+            p = curve_load(&o->mem, p);
+        }
+    }
+    s->pre_c.memo = (double *)malloc(sizeof(double) * MEMO_N);
+    s->dec_c.memo = (double *)malloc(sizeof(double) * MEMO_N);
+    if (!s->pre_c.memo || !s->dec_c.memo) {
+        core_free(s);
+        return NULL;
+    }
+    for (int64_t i = 0; i < MEMO_N; i++) s->pre_c.memo[i] = s->dec_c.memo[i] = NAN;
     int64_t n = s->n_req;
     s->arrival = arrival; s->prompt = prompt; s->output = output;
     s->rep = req_i + 0 * n; s->status = req_i + 1 * n; s->reason = req_i + 2 * n; s->reason_val = req_i + 3 * n;
@@ -1071,6 +1203,9 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     if (s->has_horizon) s->eid++;  /* env.run(until=...): its stop event */
     return s;
 }
+
+/* The dense totals the core computes itself (tests compare them with Python's). */
+void core_dense(core_t *s, int64_t T, int64_t sampled, double *v) { dense_compute(s, T, sampled, v); }
 
 int core_put_dense(core_t *s, int64_t T, int64_t sampled, const double *v) {
     if (2 * (s->dense_n + 1) > s->dense_cap && dense_grow(s)) return CORE_ERR_NOMEM;

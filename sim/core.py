@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from sim.protocols import PolicyError
-from sim.state import COMPLETED, REJECTED, UNFINISHED, Seq
+from sim.records import REQUEST_COLUMNS, request_frame
+from sim.state import COMPLETED, REJECTED, UNFINISHED
 
 __all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error"]
 
@@ -118,6 +120,8 @@ def library() -> ctypes.CDLL | None:
     lib.core_put_dense.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp]
     lib.core_info.restype = None
     lib.core_info.argtypes = [vp, vp]
+    lib.core_dense.restype = None
+    lib.core_dense.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp]
     lib.core_held.restype = ctypes.c_int64
     lib.core_held.argtypes = [vp]
     lib.core_flushed.restype = None
@@ -189,11 +193,45 @@ def _range(r) -> tuple[int, list[float]]:
     return (0, [0.0] * 4) if r is None else (1, [float(v) for v in r])
 
 
+_DENSE_OPS = ("embedding", "norms", "qkv_proj", "rotary", "kv_cache_write", "o_proj", None, "mlp_act", "mlp_down",
+              "lm_head")
+
+
+def _dense_params(cost) -> tuple[list[int], list[float], list[float]] | None:
+    """What the core needs to compute ``RooflineCostModel._dense`` itself (ip[100..], dp[30..], curves),
+    or None for models it leaves to Python (mixture of experts)."""
+    sh, m = cost.shard, cost.model
+    if m.is_moe:
+        return None
+    L = m.num_hidden_layers
+    f = sh.mlp_width
+    up = 2 * f if m.mlp_gated else f
+    names = [n or ("mlp_gate_up" if m.mlp_gated else "mlp_up") for n in _DENSE_OPS]
+    classes = ["elementwise", "elementwise", "gemm", "elementwise", "elementwise", "gemm", "gemm", "elementwise",
+               "gemm", "gemm"]
+    kernels = [1, 2 * L + 1, L, L, L, L, L, L, L, 1]
+    ints = [1, m.hidden_size, sh.heads, sh.kv_heads, sh.qkv_width, (sh.heads + sh.kv_heads) * m.head_dim,
+            sh.vocab, f, up, *kernels]
+    peaks, ranges, has, curves = [], [], [], []
+    for name, cls in zip(names, classes):
+        eff = cost._eff.get(name) or cost._eff.get(cls)
+        if eff is None:
+            return None
+        h, r = _range(eff.measured)
+        has.append(h)
+        ranges += r
+        peaks.append(float(cost._gemm_peak if cls == "gemm" else cost._peak16))
+        curves += _pack_curve(eff.compute) + _pack_curve(eff.memory)
+    floats = [float(sh.b_w), float(sh.b_kv), float(cost._launch), float(cost._link_lat), float(cost._link_bw),
+              *peaks, *ranges]
+    return ints + has, floats, curves
+
+
 @dataclass
 class CoreRun:
-    """What a core run leaves for the runner: requests as Seq objects, the clock, KV peaks."""
+    """What a core run leaves for the runner: the request records, the clock, KV peaks."""
 
-    requests: list
+    requests: pd.DataFrame
     now: float
     kv_peak: list[int]
     busy_s: list[float]
@@ -212,41 +250,10 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     lib = library()
     if lib is None:  # pragma: no cover - callers check first
         raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
-    cfg = policy.config
-    n, reps = len(workload), len(kv_blocks)
-    (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
-     pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
-    pre_has, pre_r = _range(pre_range)
-    dec_has, dec_r = _range(dec_range)
-    padded = hasattr(cfg, "max_batch_size")
-    prefs = list(getattr(cfg, "preferred_batch_sizes", ()))
-    ip = np.array([n, reps, _policy_code(policy), cfg.max_batch_size if padded else cfg.max_num_seqs,
-                   0 if padded else cfg.max_num_batched_tokens, block_size,
-                   0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
-                   0 if horizon is None else 1, L, h, dh, cost.tp, _STEP_CAP, _GAP_CAP, pre_has, dec_has,
-                   int(padded and cfg.complete_at == "batch_end"), len(prefs), *prefs], dtype=np.int64)
-    delay = float(getattr(cfg, "timeout_s", getattr(cfg, "max_queue_delay_s", 0.0)))
-    dp = np.array([0.0 if horizon is None else float(horizon), float(L4), float(kv_elt), float(qo), float(peak),
-                   float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r, delay],
-                  dtype=np.float64)
-    curves = np.array(_pack_curve(pre.compute) + _pack_curve(pre_mem) + _pack_curve(dec.compute)
-                      + _pack_curve(dec_mem), dtype=np.float64)
-    arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
-    prompt = np.ascontiguousarray(workload.prompt_tokens, dtype=np.int64)
-    output = np.ascontiguousarray(workload.output_tokens, dtype=np.int64)
-    req_i = np.empty((7, max(n, 1)), dtype=np.int64)
-    req_f = np.empty((5, max(n, 1)), dtype=np.float64)
-    blocks = np.array(kv_blocks, dtype=np.int64)
-    sf = np.empty((reps, 9, _STEP_CAP), dtype=np.float64)
-    si = np.empty((reps, 11, _STEP_CAP), dtype=np.int64)
-    g_rid = np.empty((reps, _GAP_CAP), dtype=np.int64)
-    g_gap = np.empty((reps, _GAP_CAP), dtype=np.float64)
-    info = np.zeros(5 + 5 * reps, dtype=np.float64)
-    dense = np.empty(7, dtype=np.float64)
-    st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
-                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap))
-    if not st:
-        raise MemoryError("the compiled core could not allocate its state")
+    st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len)
+    cfg, reps = policy.config, len(kv_blocks)
+    info, dense, sf, si, g_rid, g_gap, req_i, req_f = (a[k] for k in (
+        "info", "dense", "sf", "si", "g_rid", "g_gap", "req_i", "req_f"))
     try:
         while True:
             status = lib.core_run(st)
@@ -276,12 +283,81 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     finally:
         lib.core_free(st)
     delivered = int(info[4])
-    requests = _requests(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size,
-                         max_queue_len)
+    requests = _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len)
     return CoreRun(requests=requests, now=float(info[0]),
                    kv_peak=[int(info[5 + 5 * i + 2]) for i in range(reps)],
                    busy_s=[float(info[5 + 5 * i + 3]) for i in range(reps)], steps=int(info[1]),
                    held=held)
+
+
+def dense_totals(cost, keys) -> np.ndarray | None:
+    """The core's own ``RooflineCostModel._dense`` for each ``(tokens, sampled)`` in ``keys``
+    (rows of 7), or None when the core leaves this model's dense operators to Python."""
+    from policies.continuous import ContinuousPolicy
+    from sim.types import Workload
+
+    lib = library()
+    if lib is None or _dense_params(cost) is None:
+        return None
+    empty = Workload(arrival=np.zeros(0), prompt_tokens=np.zeros(0, dtype=np.int64),
+                     output_tokens=np.zeros(0, dtype=np.int64))
+    st, _keep = _start(lib, empty, ContinuousPolicy(), cost, [1], 16, 1, "round_robin", None, None)
+    out = np.empty((len(keys), 7), dtype=np.float64)
+    try:
+        for i, (t, s) in enumerate(keys):
+            lib.core_dense(st, int(t), int(s), _ptr(out[i]))
+    finally:
+        lib.core_free(st)
+    return out
+
+
+def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len):
+    """A new core state for this run, and the arrays it reads and writes (kept alive by the caller)."""
+    cfg = policy.config
+    n, reps = len(workload), len(kv_blocks)
+    (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
+     pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
+    pre_has, pre_r = _range(pre_range)
+    dec_has, dec_r = _range(dec_range)
+    padded = hasattr(cfg, "max_batch_size")
+    prefs = list(getattr(cfg, "preferred_batch_sizes", ()))
+    ip = np.array([n, reps, _policy_code(policy), cfg.max_batch_size if padded else cfg.max_num_seqs,
+                   0 if padded else cfg.max_num_batched_tokens, block_size,
+                   0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
+                   0 if horizon is None else 1, L, h, dh, cost.tp, _STEP_CAP, _GAP_CAP, pre_has, dec_has,
+                   int(padded and cfg.complete_at == "batch_end"), len(prefs), *prefs], dtype=np.int64)
+    delay = float(getattr(cfg, "timeout_s", getattr(cfg, "max_queue_delay_s", 0.0)))
+    dparams = _dense_params(cost)
+    ip = np.concatenate((ip, np.zeros(130 - len(ip), dtype=np.int64)))
+    if dparams is not None:
+        ip[100:100 + len(dparams[0])] = dparams[0]
+    dp = np.zeros(90, dtype=np.float64)
+    head = [0.0 if horizon is None else float(horizon), float(L4), float(kv_elt), float(qo), float(peak),
+            float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r, delay]
+    dp[:len(head)] = head
+    if dparams is not None:
+        dp[30:30 + len(dparams[1])] = dparams[1]
+    curves = np.array(_pack_curve(pre.compute) + _pack_curve(pre_mem) + _pack_curve(dec.compute)
+                      + _pack_curve(dec_mem) + (dparams[2] if dparams is not None else []), dtype=np.float64)
+    arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
+    prompt = np.ascontiguousarray(workload.prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(workload.output_tokens, dtype=np.int64)
+    req_i = np.empty((7, max(n, 1)), dtype=np.int64)
+    req_f = np.empty((5, max(n, 1)), dtype=np.float64)
+    blocks = np.array(kv_blocks, dtype=np.int64)
+    sf = np.empty((reps, 9, _STEP_CAP), dtype=np.float64)
+    si = np.empty((reps, 11, _STEP_CAP), dtype=np.int64)
+    g_rid = np.empty((reps, _GAP_CAP), dtype=np.int64)
+    g_gap = np.empty((reps, _GAP_CAP), dtype=np.float64)
+    info = np.zeros(5 + 5 * reps, dtype=np.float64)
+    dense = np.empty(7, dtype=np.float64)
+    st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
+                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap))
+    if not st:
+        raise MemoryError("the compiled core could not allocate its state")
+    return st, {"ip": ip, "dp": dp, "curves": curves, "arrival": arrival, "prompt": prompt, "output": output,
+                "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_rid": g_rid,
+                "g_gap": g_gap, "info": info, "dense": dense}
 
 
 def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
@@ -297,36 +373,36 @@ def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
             itl_sinks[i].extend(g_rid[i, :g], g_gap[i, :g])
 
 
-def _requests(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len):
-    """The delivered requests as :class:`Seq` objects, as the Python engine leaves them."""
-    arrival = workload.arrival[:delivered].tolist()
-    prompt = workload.prompt_tokens[:delivered].tolist()
-    output = workload.output_tokens[:delivered].tolist()
-    hashes = workload.prefix_hashes
-    rep, status, reason, rval, gen, pre, at_int = (req_i[j, :delivered].tolist() for j in range(7))
-    admitted, first, last, comp, mx = (req_f[j, :delivered].tolist() for j in range(5))
-    out = []
-    for rid in range(delivered):
-        seq = Seq(rid, arrival[rid], prompt[rid], output[rid], hashes[rid] if hashes is not None else None)
-        seq.replica = rep[rid]
-        st = status[rid]
-        seq.status = _STATUS[st]
-        seq.num_generated = gen[rid]
-        seq.num_preemptions = pre[rid]
-        a, f, l, c = admitted[rid], first[rid], last[rid], comp[rid]
-        # (SimPy's clock is the integer 0 until a timeout fires: admissions then are stamped 0, not 0.0)
-        seq.admitted = None if a != a else 0 if at_int[rid] else a
-        seq.first_token = None if f != f else f
-        seq.last_token = None if l != l else l
-        seq.completion = None if c != c else c
-        seq.max_itl = mx[rid]
-        if st == 2:
-            seq.reason = _reason(reason[rid], rval[rid], cfg, max_model_len, kv_blocks[rep[rid]], block_size,
-                                 max_queue_len)
-        elif st == 1:
-            seq.finished = True
-        out.append(seq)
-    return out
+def _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len):
+    """The request records (sim.records.request_frame's frame, the same dtypes and values)
+    built from the core's arrays, without a Python object per request."""
+    if delivered == 0:
+        return request_frame([])
+    k = delivered
+    rep, status, reason, rval, gen, pre, at_int = (req_i[j, :k] for j in range(7))
+    admitted, first, last, comp, mx = (req_f[j, :k] for j in range(5))
+    arrival = workload.arrival[:k].astype(np.float64)
+    output = workload.output_tokens[:k].astype(np.int64)
+    done = status == 1
+    completion = np.where(done, comp, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(done & ~np.isnan(first) & (output > 1), (completion - first) / (output - 1), np.nan)
+    reasons = np.full(k, "", dtype=object)
+    for rid in np.flatnonzero(status == 2).tolist():
+        reasons[rid] = _reason(int(reason[rid]), int(rval[rid]), cfg, max_model_len, kv_blocks[int(rep[rid])],
+                               block_size, max_queue_len)
+    # NOTE: pandas infers a column of Python ints as int64: SimPy's clock is the integer 0 until a
+    # timeout fires, so when every request was admitted then, the Python engine's column is integral
+    adm = admitted.astype(np.int64) if bool(at_int.all()) else admitted.copy()
+    cols = {
+        "rid": np.arange(k, dtype=np.int64), "replica": rep.copy(),
+        "status": np.array(_STATUS, dtype=object)[status], "reason": reasons,
+        "arrival": arrival, "prompt_tokens": workload.prompt_tokens[:k].astype(np.int64), "output_tokens": output,
+        "generated_tokens": gen.copy(), "admitted": adm, "first_token": first.copy(), "last_token": last.copy(),
+        "completion": completion, "ttft": first - arrival, "tpot": tpot, "e2el": completion - arrival,
+        "max_itl": mx.copy(), "preemptions": pre.copy(), "cached_tokens": np.zeros(k, dtype=np.int64),
+    }
+    return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
 
 
 def _reason(code: int, value: int, cfg, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:

@@ -142,10 +142,10 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
                             caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
                             scenario.max_queue_len, steps,
                             [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)])
-        requests_list, now = ran.requests, ran.now
+        requests, now = ran.requests, ran.now
         for c, peak in zip(caches, ran.kv_peak):
             c.peak_used = peak
-        unfinished = sum(1 for s in requests_list if s.status == UNFINISHED)
+        unfinished = int((requests["status"] == UNFINISHED).sum())
         if unfinished != ran.held:
             raise RuntimeError(f"conservation broken: {unfinished} unfinished request(s) but {ran.held} "
                                "queued or running")
@@ -162,10 +162,9 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         env.run(until=scenario.horizon_s)
         cluster.sync()  # running sequences' attributes up to date (sim.cohort)
         _check_unfinished_are_held(cluster)
-        requests_list, now = cluster.requests, env.now
+        requests, now = request_frame(cluster.requests), env.now
         engine = {"steps": len(steps), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas),
                   "engine": "python"}
-    requests = request_frame(requests_list)
     _check_conservation(requests, parts.workload, scenario.horizon_s)
     if aggregate:
         step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})

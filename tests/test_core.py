@@ -233,3 +233,41 @@ def test_many_idle_deadlines_pending_at_once(tmp_path):
     raw["workload"] = dict(raw["workload"], num_requests=300, arrival={"process": "poisson", "rate": 40.0})
     out = _both(raw, tmp_path)
     _assert_same(out)
+
+
+def _dense_cases():
+    from calibrate.models import load_model as lm
+    out = []
+    for model in ("llama-3-8b", "llama-2-7b", "llama-3-70b", "qwen2.5-7b", "mistral-7b", "yi-34b", "tiny-llama",
+                  "tiny-llama-wide", "llama-3.1-405b", "mixtral-8x7b"):
+        for hw in ("h100-sxm", "a100-80gb", "l4", "mi300x", "h200-bf16", "calibrated"):
+            for tp, dtype in ((1, "bf16"), (2, "fp8"), (4, "int4"), (8, "bf16")):
+                m = lm(model)
+                if m.num_attention_heads % tp or (m.num_key_value_heads % tp and tp % m.num_key_value_heads):
+                    continue
+                out.append((model, hw, tp, dtype))
+    return out
+
+
+def test_the_core_computes_the_dense_operators_as_python_does():
+    """Every non-MoE catalog model, shipped and calibrated profiles (measured ranges), tensor
+    parallelism and weight dtypes: the core's dense totals equal RooflineCostModel._dense bit for bit."""
+    rng = np.random.default_rng(3)
+    tokens = np.unique(np.concatenate((np.arange(1, 70), rng.integers(1, 40000, 150), [2 ** k for k in range(17)])))
+    checked = 0
+    for model, hw, tp, dtype in _dense_cases():
+        prof = _calibrated_like("h100-sxm") if hw == "calibrated" else load_hardware(hw)
+        try:
+            cm = RooflineCostModel(load_model(model), prof, tp=tp, dtype=dtype)
+        except InputError:
+            continue  # (a width tp does not divide)
+        keys = [(int(t), int(s)) for t in tokens for s in (0, 1, min(int(t), 7), int(t))]
+        got = core.dense_totals(cm, keys)
+        if load_model(model).is_moe:
+            assert got is None  # (left to Python)
+            continue
+        want = np.array([cm._dense(t, s) for t, s in keys], dtype=np.float64)
+        bad = np.flatnonzero((got != want).any(axis=1))
+        assert not len(bad), (model, hw, tp, dtype, keys[bad[0]], got[bad[0]], want[bad[0]])
+        checked += 1
+    assert checked >= 60

@@ -251,7 +251,7 @@ def test_the_runner_refuses_a_core_run_that_loses_a_request(monkeypatch):
 
     def lossy(*args, **kwargs):
         ran = run_core(*args, **kwargs)
-        ran.requests[1].status = "unfinished"  # completed in the run, then lost
+        ran.requests.loc[1, "status"] = "unfinished"  # completed in the run, then lost
         return ran
 
     monkeypatch.setattr(core, "run_core", lossy)
@@ -265,6 +265,6 @@ def test_the_runner_checks_arrived_equals_completed_rejected_unfinished(monkeypa
 
     frame = records.request_frame
     monkeypatch.setattr(runner, "request_frame", lambda seqs: frame(list(seqs)[1:]))  # one request vanishes
-    sc = scenario_from_dict(chat("continuous", 10.0, 3))
+    sc = scenario_from_dict(dict(chat("continuous", 10.0, 3), engine="python"))
     with pytest.raises(RuntimeError, match="conservation broken: 3 arrived, 2 recorded"):
         simulate(sc, build_parts(sc))
