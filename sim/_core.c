@@ -665,24 +665,17 @@ static int apply_admission(core_t *s, replica_t *r) {
     return 0;
 }
 
-static void sums_add(sums_t *m, int64_t q, int64_t kv) {
-    m->n++;
-    m->T += q;
-    m->qkv += q * kv;
-    m->qq += q * q;
-    m->kv_read += kv;
-    if (q == 1 && kv != 0) { m->n_dec++; m->ctx_dec += kv; }
-}
-
 static int grow_and_shape(core_t *s, replica_t *r) {
-    /* Replica._grow_and_shape: grow each row's KV (to its reservation), then the billed and useful shapes */
-    sums_t bill = {0, 0, 0, 0, 0, 0, 0, 0}, use = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t rec_decode = 0;
+    /* Replica._grow_and_shape: grow each row's KV (to its reservation), then the billed and useful
+     * shapes' sums (scalars, not a struct through a pointer: the loop is the hot path) */
+    int64_t bT = 0, bqkv = 0, bqq = 0, bkv = 0, bnd = 0, bcd = 0, bs_ = 0;  /* billed */
+    int64_t uT = 0, uqkv = 0, uqq = 0, ukv = 0, und = 0, ucd = 0, us_ = 0;  /* useful */
+    int64_t rec_decode = 0, billed = r->billed, reserve = r->reserve;
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j], q = r->rows_q[j];
         int64_t c = s->num_computed[rid], total = c + q;
         if (q < 1 || total > s->num_tokens[rid]) return CORE_ERR_INTERNAL;
-        if (r->reserve > total) total = r->reserve;
+        if (reserve > total) total = reserve;
         int64_t want = blocks_for(total, s->bs), have = s->held[rid];
         if (want > have) {
             int64_t extra = want - have;
@@ -692,23 +685,29 @@ static int grow_and_shape(core_t *s, replica_t *r) {
             if (r->used > r->peak) r->peak = r->used;
         }
         r->rows_ctx[j] = c;
-        if (c + q == s->num_tokens[rid]) { bill.sampled++; use.sampled++; }
-        int64_t kv = r->billed >= 0 ? r->billed : c;
-        sums_add(&use, q, c);
-        sums_add(&bill, q, kv);
+        if (c + q == s->num_tokens[rid]) { bs_++; us_++; }
+        int64_t kv = billed >= 0 ? billed : c;
+        uT += q; uqkv += q * c; uqq += q * q; ukv += c;
+        if (q == 1 && c != 0) { und++; ucd += c; }
+        bT += q; bqkv += q * kv; bqq += q * q; bkv += kv;
+        if (q == 1 && kv != 0) { bnd++; bcd += kv; }
         if (q == 1 && kv > 0) rec_decode++;
     }
     for (int64_t j = 0; j < r->npad; j++) {
-        sums_add(&bill, r->pad_q[j], r->pad_kv[j]);
-        if (r->pad_s[j]) bill.sampled++;
+        int64_t q = r->pad_q[j], kv = r->pad_kv[j];
+        bT += q; bqkv += q * kv; bqq += q * q; bkv += kv;
+        if (q == 1 && kv != 0) { bnd++; bcd += kv; }
+        if (r->pad_s[j]) bs_++;
     }
-    bill.ctx_dec += bill.n_dec;
-    use.ctx_dec += use.n_dec;
-    r->bill = bill;
-    r->use = use;
+    sums_t *b = &r->bill, *u = &r->use;
+    b->n = r->nrows + r->npad; b->T = bT; b->n_dec = bnd; b->ctx_dec = bcd + bnd; b->qkv = bqkv; b->qq = bqq;
+    b->kv_read = bkv; b->sampled = bs_;
+    u->n = r->nrows; u->T = uT; u->n_dec = und; u->ctx_dec = ucd + und; u->qkv = uqkv; u->qq = uqq;
+    u->kv_read = ukv; u->sampled = us_;
     r->rec_decode = rec_decode;
     return 0;
 }
+
 
 typedef struct {
     double seconds, flops, bytes, comp, mem, net, over;
