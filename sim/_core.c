@@ -42,6 +42,7 @@
 #define R_ROUND_ROBIN 0
 #define R_LEAST_OUTSTANDING 1
 #define R_LEAST_KV 2
+#define R_POWER_OF_TWO 3
 
 #define EV_INIT_REPLICA 0
 #define EV_INIT_ARRIVALS 1
@@ -184,6 +185,7 @@ typedef struct {
     /* workload */
     const double *arrival;
     const int64_t *prompt, *output;
+    const int64_t *pairs;  /* power_of_two: the two replicas drawn for each arrival, drawn in Python */
     /* per request */
     int64_t *num_tokens, *num_computed, *num_generated, *num_preempt, *held, *order, *rep;
     int64_t *status, *reason, *reason_val, *admitted_int;
@@ -999,12 +1001,18 @@ static int step_done(core_t *s, int ri) {
 }
 
 /* ------------------------------------------------------------ arrivals --- */
-static int route(core_t *s) {
+static int route(core_t *s, int64_t rid) {
     if (s->n_rep == 1) {
         if (s->router == R_ROUND_ROBIN) s->rr++;
         return 0;
     }
     if (s->router == R_ROUND_ROBIN) return (int)(s->rr++ % s->n_rep);
+    if (s->router == R_POWER_OF_TWO) {  /* min((outstanding, index)) of the two drawn */
+        int64_t a = s->pairs[2 * rid], b = s->pairs[2 * rid + 1];
+        replica_t *ra = &s->reps[a], *rb = &s->reps[b];
+        if (ra->outstanding < rb->outstanding || (ra->outstanding == rb->outstanding && a < b)) return (int)a;
+        return (int)b;
+    }
     int best = 0;
     for (int i = 1; i < s->n_rep; i++) {
         replica_t *a = &s->reps[i], *b = &s->reps[best];
@@ -1019,7 +1027,7 @@ static int route(core_t *s) {
 }
 
 static void deliver(core_t *s, int64_t rid) {
-    int ri = route(s);
+    int ri = route(s, rid);
     replica_t *r = &s->reps[ri];
     s->rep[rid] = ri;
     if (s->max_queue_len >= 0 && r->wlen >= s->max_queue_len) {
@@ -1085,7 +1093,7 @@ void core_free(core_t *s) {
 core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
                  int64_t *req_i, double *req_f, const int64_t *blocks,
-                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap) {
+                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap, const int64_t *pairs) {
     core_t *s = (core_t *)calloc(1, sizeof(core_t));
     if (!s) return NULL;
     s->n_req = ip[0]; s->n_rep = ip[1]; s->policy = ip[2]; s->max_seqs = ip[3]; s->cap = ip[4];
@@ -1127,7 +1135,7 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     }
     for (int64_t i = 0; i < MEMO_N; i++) s->pre_c.memo[i] = s->dec_c.memo[i] = NAN;
     int64_t n = s->n_req;
-    s->arrival = arrival; s->prompt = prompt; s->output = output;
+    s->arrival = arrival; s->prompt = prompt; s->output = output; s->pairs = pairs;
     s->rep = req_i + 0 * n; s->status = req_i + 1 * n; s->reason = req_i + 2 * n; s->reason_val = req_i + 3 * n;
     s->num_generated = req_i + 4 * n; s->num_preempt = req_i + 5 * n; s->admitted_int = req_i + 6 * n;
     s->now_is_int = 1;

@@ -1,13 +1,14 @@
 """The compiled core: sim/_core.c, built on first use and driven through ctypes.
 
 The Python engine (sim.engine, with fast-forward and the decode cohort) runs
-any policy, router, cost model and KV cache. For the common case, the
-built-in iteration-level policies (continuous, chunked_prefill) with FCFS
-order, no prefix cache, a deterministic router and the roofline cost model,
-``sim/_core.c`` runs the same step-by-step semantics in C, 10-30x faster
-(docs/performance.md). Its records are byte-identical to the Python
-engine's (tests/test_core.py compares whole runs); everything around the
-run (workload, cost model set-up, sinks, summary) stays in Python.
+any policy, router, cost model and KV cache. For the common case, the four
+built-in policies with FCFS order, no prefix cache, any built-in router and
+the roofline cost model, ``sim/_core.c`` runs the same step-by-step
+semantics in C, 10-40x faster (docs/performance.md). Its records are
+byte-identical to the Python engine's (tests/test_core.py compares whole
+runs); around the run (workload, cost model set-up, the power_of_two
+router's draws, MoE models' dense costs, record sinks, summary) Python does
+the rest.
 
 Which engine runs: ``Scenario.engine`` (``auto``: the core when the
 scenario is one it covers and a C compiler is at hand, else Python;
@@ -46,7 +47,7 @@ _DONE, _FLUSH, _NEED_DENSE = 0, 1, 2
 _ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
 _POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunked_prefill", None): 2,
              ("static", None): 3, ("dynamic", None): 4}
-_ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2}
+_ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)
 _STEP_CAP = 16384
 _GAP_CAP = 1 << 17
@@ -113,7 +114,7 @@ def library() -> ctypes.CDLL | None:
         return None
     vp = ctypes.c_void_p
     lib.core_new.restype = vp
-    lib.core_new.argtypes = [vp] * 13
+    lib.core_new.argtypes = [vp] * 14
     lib.core_run.restype = ctypes.c_int
     lib.core_run.argtypes = [vp]
     lib.core_put_dense.restype = ctypes.c_int
@@ -244,13 +245,16 @@ def _ptr(a: np.ndarray) -> int:
 
 
 def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_model_len: int,
-             router: str, horizon: float | None, max_queue_len: int | None, steps, itl_sinks: list) -> CoreRun:
+             router: str, horizon: float | None, max_queue_len: int | None, steps, itl_sinks: list,
+             router_rng: np.random.Generator | None = None) -> CoreRun:
     """Run the scenario in the compiled core, writing records into ``steps`` and ``itl_sinks``
-    (one per replica) exactly as the Python engine would."""
+    (one per replica) exactly as the Python engine would. ``router_rng`` is the router's
+    generator (``power_of_two`` draws its pairs from it, as sim.router does)."""
     lib = library()
     if lib is None:  # pragma: no cover - callers check first
         raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
-    st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len)
+    st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
+                   router_rng)
     cfg, reps = policy.config, len(kv_blocks)
     info, dense, sf, si, g_rid, g_gap, req_i, req_f = (a[k] for k in (
         "info", "dense", "sf", "si", "g_rid", "g_gap", "req_i", "req_f"))
@@ -311,10 +315,28 @@ def dense_totals(cost, keys) -> np.ndarray | None:
     return out
 
 
-def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len):
+def _pairs(rng: np.random.Generator | None, replicas: int, workload, horizon: float | None) -> np.ndarray:
+    """sim.router's power_of_two draws, one pair per routed arrival, in arrival order: the draws
+    do not depend on the replicas' state, so they can be made before the run (~10 us each)."""
+    n = len(workload) if horizon is None else min(len(workload), int(np.searchsorted(workload.arrival, horizon,
+                                                                                        "right")) + 1)
+    out = np.zeros((max(n, 1), 2), dtype=np.int64)
+    if rng is not None and replicas > 1:
+        choice = rng.choice
+        for i in range(n):
+            a, b = choice(replicas, size=2, replace=False)
+            out[i, 0], out[i, 1] = int(a), int(b)
+    return out
+
+
+def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
+           router_rng=None):
     """A new core state for this run, and the arrays it reads and writes (kept alive by the caller)."""
     cfg = policy.config
     n, reps = len(workload), len(kv_blocks)
+    pairs = _pairs(router_rng if router == "power_of_two" else None, reps, workload, horizon)
+    if len(pairs) < max(n, 1):  # (arrivals past the horizon are never routed)
+        pairs = np.concatenate((pairs, np.zeros((max(n, 1) - len(pairs), 2), dtype=np.int64)))
     (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
      pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
     pre_has, pre_r = _range(pre_range)
@@ -352,10 +374,10 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     info = np.zeros(5 + 5 * reps, dtype=np.float64)
     dense = np.empty(7, dtype=np.float64)
     st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
-                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap))
+                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap), _ptr(pairs))
     if not st:
         raise MemoryError("the compiled core could not allocate its state")
-    return st, {"ip": ip, "dp": dp, "curves": curves, "arrival": arrival, "prompt": prompt, "output": output,
+    return st, {"pairs": pairs, "ip": ip, "dp": dp, "curves": curves, "arrival": arrival, "prompt": prompt, "output": output,
                 "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_rid": g_rid,
                 "g_gap": g_gap, "info": info, "dense": dense}
 

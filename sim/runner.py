@@ -141,7 +141,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
                             caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
                             scenario.max_queue_len, steps,
-                            [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)])
+                            [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)],
+                            router_rng=_seeds(scenario.seed)[1])
         requests, now = ran.requests, ran.now
         for c, peak in zip(caches, ran.kv_peak):
             c.peak_used = peak

@@ -68,6 +68,8 @@ CASES = [(p, {}) for p in ALL] + [
     ("continuous_mixed", {"replicas": 2, "router": "round_robin"}),
     ("chunked_prefill", {"replicas": 3, "router": "least_outstanding"}),
     ("chunked_prefill", {"replicas": 2, "router": "least_kv"}),
+    ("chunked_prefill", {"replicas": 3, "router": "power_of_two"}),
+    ("static", {"replicas": 2, "router": "power_of_two", "horizon_s": 20.0}),
     ("continuous", {"horizon_s": 14.0}),
     ("chunked_prefill", {"horizon_s": 9.0, "max_queue_len": 5}),
     ("continuous", {"measure": {"records": "aggregate", "warmup_s": 2.0, "cooldown_s": 2.0}}),
@@ -157,7 +159,7 @@ _COST = RooflineCostModel(load_model("llama-3-8b"), load_hardware("l4"))
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=_SPECS, wl=workloads(), blocks=st.integers(8, 120), bs=st.sampled_from([4, 8, 16]),
        horizon=st.sampled_from([None, None, 0.7, 3.0]), replicas=st.sampled_from([1, 1, 2, 3]),
-       router=st.sampled_from(["round_robin", "least_kv", "least_outstanding"]),
+       router=st.sampled_from(["round_robin", "least_kv", "least_outstanding", "power_of_two"]),
        records=st.sampled_from(["full", "full", "aggregate"]), queue=st.sampled_from([None, None, 2]))
 def test_core_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, replicas, router, records, queue):
     """Tiny KV caches (preemption), simultaneous arrivals, horizons, queue limits, several replicas."""
@@ -177,9 +179,12 @@ def test_core_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, replic
 
 def test_auto_takes_the_core_where_it_can_and_python_elsewhere():
     for policy, router, want in (("continuous", "round_robin", "core"), ("static", "least_kv", "core"),
-                                 ("chunked_prefill", "power_of_two", "python")):
-        raw = _scenario(POLICIES[policy], replicas=2, router=router)
-        raw["workload"] = dict(raw["workload"], num_requests=20)
+                                 ("chunked_prefill", "power_of_two", "core"),
+                                 ("continuous_prefix", "round_robin", "python")):
+        spec = (dict(POLICIES["continuous"], enable_prefix_caching=True) if policy == "continuous_prefix"
+                else POLICIES[policy])
+        raw = _scenario(spec, replicas=2, router=router)
+        raw["workload"] = dict(raw["workload"], num_requests=20, shared_prefix={"groups": 2, "tokens": 64})
         sc = scenario_from_dict(raw)
         assert simulate(sc, build_parts(sc)).engine["engine"] == want, policy
 
@@ -187,7 +192,6 @@ def test_auto_takes_the_core_where_it_can_and_python_elsewhere():
 @pytest.mark.parametrize("change,reason", [
     ({"policy": {"name": "continuous", "enable_prefix_caching": True},
       "workload": {"num_requests": 5, "shared_prefix": {"groups": 2, "tokens": 64}}}, "a prefix cache"),
-    ({"router": "power_of_two", "replicas": 2}, "router 'power_of_two'"),
     ({"policy": {"name": "continuous", "order": "shortest_prompt_first"}}, "queue order"),
 ])
 def test_engine_core_says_why_it_cannot_run_a_scenario(change, reason):
