@@ -1051,8 +1051,10 @@ static void deliver(core_t *s, int64_t rid) {
     wq_push_back(r, rid);
     r->outstanding++;
     if (r->phase == PH_IDLE && !r->wake_triggered) {
+        /* (also after a deadline made the spell's condition succeed, before the replica resumed:
+         * Replica._wake is still that spell's event; its wake-up then changes nothing) */
         r->wake_triggered = 1;
-        schedule(s, s->now, NORMAL, EV_WAKE, ri);
+        schedule_gen(s, s->now, NORMAL, EV_WAKE, ri, r->idle_gen);
     }
 }
 
@@ -1258,10 +1260,10 @@ int core_run(core_t *s) {
         case EV_WAKE:
         case EV_IDLE_TIMEOUT: {
             /* AnyOf's check: the first of its events makes the condition succeed (scheduled now);
-             * the process resumes when that is processed. A timeout of an earlier idle spell, or
+             * the process resumes when that is processed. An event of an earlier idle spell, or
              * one after the condition succeeded, changes nothing. */
             replica_t *r = &s->reps[e.rep];
-            if (r->phase == PH_IDLE && !r->cond_triggered && (e.kind == EV_WAKE || e.gen == r->idle_gen)) {
+            if (r->phase == PH_IDLE && !r->cond_triggered && e.gen == r->idle_gen) {
                 r->cond_triggered = 1;
                 schedule(s, s->now, NORMAL, EV_COND, e.rep);
             }

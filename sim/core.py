@@ -138,7 +138,8 @@ def library_error() -> str | None:
     return _lib_error
 
 
-_BIG = 1 << 40  # integer knobs and token counts the core takes (products stay far inside int64)
+_BIG = 1 << 40  # integer knobs the core takes
+_TOKENS = 1 << 20  # tokens per request (prompt + output) and rows per step the core takes
 
 
 def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=None,
@@ -170,9 +171,14 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
         if v is not None and v >= _BIG:
             return f"{k} {v} (the core takes integers below 2^40)"
     if workload is not None and len(workload):
-        top = int(max(workload.prompt_tokens.max(), workload.output_tokens.max()))
-        if top >= 1 << 31:
-            return f"a request of {top} tokens (the core takes fewer than 2^31)"
+        # NOTE: the row sums Python keeps as unbounded integers (sum of q*q, q*kv) must fit int64:
+        # with requests below 2^20 tokens and below 2^20 rows a step, they stay below 2^61
+        top = int((workload.prompt_tokens + workload.output_tokens).max())
+        if top >= _TOKENS:
+            return f"a request of {top} tokens (the core takes fewer than 2^20)"
+        rows = min(len(workload), getattr(cfg, "max_num_seqs", None) or getattr(cfg, "max_batch_size", 1))
+        if rows >= _TOKENS:
+            return f"{rows} sequences a step (the core takes fewer than 2^20)"
     if router not in _ROUTERS:
         return f"router {router!r} (the core runs {', '.join(_ROUTERS)})"
     if type(cost) is not RooflineCostModel or getattr(cost, "_attn", None) is None:

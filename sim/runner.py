@@ -136,7 +136,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         if why is None and core.library() is None:
             why = f"the compiled core could not be built ({core.library_error()})"
         if why is not None and scenario.engine == "core":
-            raise InputError(f"engine: core cannot run this scenario: {why}", "engine")
+            raise InputError(f"core cannot run this scenario: {why}", "engine")
     if why is None and scenario.engine != "python":
         ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
                             caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
