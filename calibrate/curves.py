@@ -53,6 +53,8 @@ class Curve:
             return self._yhi
         lx = math.log(size)
         i = bisect_right(self._lx, lx) - 1
+        if i == len(self._slope):  # a size just below the last point with the last point's log
+            i -= 1
         return math.exp(self._y[i] + (lx - self._lx[i]) * self._slope[i])
 
     def many(self, sizes: Sequence[float]) -> list[float]:
@@ -73,6 +75,7 @@ class Curve:
         lo, hi, ylo, yhi = self._lo, self._hi, self._ylo, self._yhi
         lxs, ys, slopes = self._lx, self._y, self._slope
         log, exp, bis = math.log, math.exp, bisect_right
+        last = len(slopes) - 1
         if 2 * misses > len(out):  # mostly new: evaluate all, remember all
             out = []
             push = out.append
@@ -83,7 +86,7 @@ class Curve:
                     push(yhi)
                 else:
                     lx = log(x)
-                    i = bis(lxs, lx) - 1
+                    i = min(bis(lxs, lx) - 1, last)
                     push(exp(ys[i] + (lx - lxs[i]) * slopes[i]))
             if len(memo) > _MEMO_LIMIT:
                 memo.clear()
@@ -98,7 +101,7 @@ class Curve:
                     v = yhi
                 else:
                     lx = log(x)
-                    i = bis(lxs, lx) - 1
+                    i = min(bis(lxs, lx) - 1, last)
                     v = exp(ys[i] + (lx - lxs[i]) * slopes[i])
                 out[j] = memo[x] = v
         return out

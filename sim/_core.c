@@ -168,6 +168,7 @@ typedef struct {
     int has_horizon;
     double horizon;
     int64_t step_cap, gap_cap;
+    int64_t max_rows;  /* most rows a step can have: min(max_num_seqs or max_batch_size, requests) */
     /* cost model */
     int64_t L, h, dh, tp;
     double L4, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d;
@@ -1176,6 +1177,11 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
         s->admitted[i] = s->first_token[i] = s->last_token[i] = s->completion[i] = NAN;
         s->max_itl[i] = 0.0;
     }
+    s->max_rows = s->max_seqs < n ? s->max_seqs : n;
+    if (s->gap_cap < 2 * s->max_rows + 2) {  /* (Python sizes the gap buffers above this) */
+        core_free(s);
+        return NULL;
+    }
     int64_t wcap = 16;
     while (wcap < n + 1) wcap *= 2;
     for (int64_t i = 0; i < s->n_rep; i++) {
@@ -1237,7 +1243,7 @@ int core_run(core_t *s) {
     while (s->nheap) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
-            if (r->nsteps + 1 > s->step_cap || r->ngaps + s->max_seqs + 1 > s->gap_cap) return CORE_FLUSH;
+            if (r->nsteps + 1 > s->step_cap || r->ngaps + s->max_rows + 1 > s->gap_cap) return CORE_FLUSH;
         }
         if (s->has_horizon && !(s->heap[0].t < s->horizon)) break;
         event_t e = heap_pop(s);

@@ -49,8 +49,8 @@ _POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunke
              ("static", None): 3, ("dynamic", None): 4}
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)
-_STEP_CAP = 16384
-_GAP_CAP = 1 << 17
+_STEP_CAP = 16384  # step records per replica handed over at a time (fewer with many replicas)
+_GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
 
 _lib: ctypes.CDLL | None = None
 _lib_error: str | None = None
@@ -173,6 +173,8 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
     if workload is not None and len(workload):
         # NOTE: the row sums Python keeps as unbounded integers (sum of q*q, q*kv) must fit int64:
         # with requests below 2^20 tokens and below 2^20 rows a step, they stay below 2^61
+        if int(workload.prompt_tokens.min()) < 1:
+            return "a request with an empty prompt"
         top = int((workload.prompt_tokens + workload.output_tokens).max())
         if top >= _TOKENS:
             return f"a request of {top} tokens (the core takes fewer than 2^20)"
@@ -349,10 +351,14 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     dec_has, dec_r = _range(dec_range)
     padded = hasattr(cfg, "max_batch_size")
     prefs = list(getattr(cfg, "preferred_batch_sizes", ()))
+    rows = min(cfg.max_batch_size if padded else cfg.max_num_seqs, n)
+    # NOTE: buffers shrink with many replicas (4096 replicas at full size would reserve ~19 GiB)
+    step_cap = max(64, min(_STEP_CAP, (1 << 20) // reps))
+    gap_cap = max(2 * rows + 16, min(_GAP_CAP, (1 << 21) // reps))
     ip = np.array([n, reps, _policy_code(policy), cfg.max_batch_size if padded else cfg.max_num_seqs,
                    0 if padded else cfg.max_num_batched_tokens, block_size,
                    0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
-                   0 if horizon is None else 1, L, h, dh, cost.tp, _STEP_CAP, _GAP_CAP, pre_has, dec_has,
+                   0 if horizon is None else 1, L, h, dh, cost.tp, step_cap, gap_cap, pre_has, dec_has,
                    int(padded and cfg.complete_at == "batch_end"), len(prefs), *prefs], dtype=np.int64)
     delay = float(getattr(cfg, "timeout_s", getattr(cfg, "max_queue_delay_s", 0.0)))
     dparams = _dense_params(cost)
@@ -373,10 +379,10 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     req_i = np.empty((7, max(n, 1)), dtype=np.int64)
     req_f = np.empty((5, max(n, 1)), dtype=np.float64)
     blocks = np.array(kv_blocks, dtype=np.int64)
-    sf = np.empty((reps, 9, _STEP_CAP), dtype=np.float64)
-    si = np.empty((reps, 11, _STEP_CAP), dtype=np.int64)
-    g_rid = np.empty((reps, _GAP_CAP), dtype=np.int64)
-    g_gap = np.empty((reps, _GAP_CAP), dtype=np.float64)
+    sf = np.empty((reps, 9, step_cap), dtype=np.float64)
+    si = np.empty((reps, 11, step_cap), dtype=np.int64)
+    g_rid = np.empty((reps, gap_cap), dtype=np.int64)
+    g_gap = np.empty((reps, gap_cap), dtype=np.float64)
     info = np.zeros(5 + 5 * reps, dtype=np.float64)
     dense = np.empty(7, dtype=np.float64)
     st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),

@@ -275,3 +275,52 @@ def test_the_core_computes_the_dense_operators_as_python_does():
         assert not len(bad), (model, hw, tp, dtype, keys[bad[0]], got[bad[0]], want[bad[0]])
         checked += 1
     assert checked >= 60
+
+
+def test_a_huge_sequence_limit_on_a_small_workload_finishes(tmp_path):
+    """max_num_seqs / max_batch_size far above the requests ("unlimited"): the core sizes its gap
+    buffers by the rows a step can have (it used to ask for a flush forever)."""
+    for spec in ({"name": "continuous", "max_num_seqs": 131072, "max_num_batched_tokens": 131072},
+                 {"name": "static", "max_batch_size": 1 << 19}):
+        raw = _scenario(spec)
+        raw["workload"] = dict(raw["workload"], num_requests=30)
+        sc = scenario_from_dict(dict(raw, policy=POLICIES["continuous"]))
+        # (a KV cache of its own: the activation reserve for 131072 tokens would leave none)
+        parts = replace(build_parts(sc), kv_tokens=lambda util, **kw: 200_000)
+        _assert_same(_both(raw, tmp_path / spec["name"], parts))
+
+
+def test_a_curve_read_just_below_its_last_point(tmp_path):
+    """A size whose log rounds to the last point's log: both engines take the last segment
+    (Python used to index past its slopes)."""
+    import math
+
+    from calibrate.hardware import HardwareProfile
+
+    data = load_hardware("h100-sxm").model_dump(mode="json")
+    base = RooflineCostModel(load_model("llama-3-8b"), load_hardware("h100-sxm"))
+    kv_elt, qo = base._attn[4], base._attn[5]
+    per = (1000 + 1) * kv_elt + qo  # a decode of a 1000-token prompt's first output token, per kernel
+    top = math.nextafter(per, math.inf)
+    assert math.log(per) == math.log(top)
+    mem = data["efficiency"]["attention_decode"]["memory"]
+    data["efficiency"]["attention_decode"]["memory"] = [p for p in mem if p[0] < per] + [[top, mem[-1][1]]]
+    cost = RooflineCostModel(load_model("llama-3-8b"), HardwareProfile.model_validate(data))
+    from tests.engine_helpers import workload as mk
+
+    raw = _scenario(POLICIES["continuous"])
+    parts = Parts(workload=mk([0.0], [1000], [3]), cost=cost, kv_tokens=lambda util, **kw: 100000,
+                  max_model_len=8192)
+    _assert_same(_both(raw, tmp_path, parts))
+
+
+def test_an_empty_prompt_fails_the_same_way_on_auto():
+    from sim.protocols import PolicyError
+    from tests.engine_helpers import workload as mk
+
+    raw = _scenario(POLICIES["continuous"])
+    sc = scenario_from_dict(raw)
+    parts = Parts(workload=mk([0.0, 1.0], [0, 5], [3, 3]), cost=_COST, kv_tokens=lambda util, **kw: 100000,
+                  max_model_len=8192)
+    with pytest.raises(PolicyError, match="scheduled 0 tokens"):
+        simulate(sc, parts)
