@@ -133,6 +133,7 @@ typedef struct {
     int64_t npre;
     int64_t *rej;  /* rejected rids (waiting order) */
     int64_t nrej;
+    int64_t *cand, *keys;  /* shortest_prompt_first: the queue in admission order, sort keys */
     /* padded batches (policies/padded.py) */
     int64_t *rel;  /* released rids */
     int64_t nrel;
@@ -162,7 +163,7 @@ typedef struct {
     int64_t n_req, n_rep, policy, max_seqs, cap, bs, total_blocks, max_model_len, max_queue_len, router;
     /* static / dynamic: timeout (max_queue_delay_s), complete_at batch_end, preferred batch sizes */
     double launch_delay;
-    int batch_end;
+    int batch_end, sfp;
     int64_t npref;
     int64_t pref[64];
     int has_horizon;
@@ -381,10 +382,29 @@ static int try_sched(core_t *s, replica_t *r, builder_t *b, int64_t rid, int64_t
 static int is_sched(core_t *s, int64_t rid) { return s->mark_sched[rid] == s->epoch; }
 static int is_pre(core_t *s, int64_t rid) { return s->mark_pre[rid] == s->epoch; }
 
-static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
-    /* StepBuilder.admit over the FCFS queue */
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* policies/ordering.py shortest_prompt_first: preempted sequences first in queue order, then the
+ * others by prompt length, ties by queue position (a stable sort); into r->cand. */
+static void order_sfp(core_t *s, replica_t *r) {
+    int64_t k = 0, m = 0;
     for (int64_t i = 0; i < r->wlen; i++) {
         int64_t rid = wq_at(r, i);
+        if (s->num_preempt[rid] > 0) r->cand[k++] = rid;
+        else r->keys[m++] = (s->prompt[rid] << 40) | i;  /* (prompts < 2^20, positions < 2^40) */
+    }
+    qsort(r->keys, (size_t)m, sizeof(int64_t), cmp_i64);
+    for (int64_t j = 0; j < m; j++) r->cand[k++] = wq_at(r, r->keys[j] & (((int64_t)1 << 40) - 1));
+}
+
+static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
+    /* StepBuilder.admit over the queue in the policy's order */
+    if (s->sfp) order_sfp(s, r);
+    for (int64_t i = 0; i < r->wlen; i++) {
+        int64_t rid = s->sfp ? r->cand[i] : wq_at(r, i);
         int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
         if (!chunked && pending > s->cap) {
             r->rej[r->nrej++] = rid;
@@ -642,17 +662,30 @@ static int apply_admission(core_t *s, replica_t *r) {
         s->num_preempt[rid]++;
     }
     for (int64_t j = r->npre - 1; j >= 0; j--) wq_push_front(r, r->pre[j]);
-    /* admitted: plan rows not running, in row order; FCFS makes them a prefix of the queue */
-    int64_t k = 0;
+    /* admitted: plan rows not running, in row order; FCFS makes them a prefix of the queue
+     * (Replica._take_from_waiting), any other order takes them out keeping the rest in order */
+    int64_t k = 0, prefix = 1;
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j];
         if (s->running[rid]) continue;
-        if (k >= r->wlen || wq_at(r, k) != rid) return CORE_ERR_INTERNAL;
+        if (k >= r->wlen || wq_at(r, k) != rid) prefix = 0;
         k++;
     }
-    for (int64_t j = 0; j < k; j++) {
-        r->whead = (r->whead + 1) & (r->wcap - 1);
-        r->wlen--;
+    if (prefix) {
+        for (int64_t j = 0; j < k; j++) {
+            r->whead = (r->whead + 1) & (r->wcap - 1);
+            r->wlen--;
+        }
+    } else {
+        int64_t w = 0, n0 = r->wlen;
+        for (int64_t i = 0; i < n0; i++) {
+            int64_t rid = wq_at(r, i);
+            if (is_sched(s, rid) && !s->running[rid]) continue;
+            r->wq[(r->whead + w) & (r->wcap - 1)] = rid;
+            w++;
+        }
+        if (n0 - w != k) return CORE_ERR_INTERNAL;
+        r->wlen = w;
     }
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j];
@@ -1082,7 +1115,7 @@ void core_free(core_t *s) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
             free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->rows_ctx);
-            free(r->pre); free(r->rej); free(r->rel); free(r->pad_q); free(r->pad_kv); free(r->pad_s);
+            free(r->pre); free(r->rej); free(r->rel); free(r->cand); free(r->keys); free(r->pad_q); free(r->pad_kv); free(r->pad_s);
         }
         free(s->reps);
     }
@@ -1106,6 +1139,7 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     s->batch_end = (int)ip[19]; s->npref = ip[20];
     for (int64_t i = 0; i < s->npref && i < 64; i++) s->pref[i] = ip[21 + i];
     s->launch_delay = dp[18];
+    s->sfp = (int)ip[129];
     s->horizon = dp[0]; s->L4 = dp[1]; s->kv_elt = dp[2]; s->qo = dp[3]; s->peak = dp[4]; s->bw = dp[5];
     s->l_launch = dp[6]; s->host0 = dp[7]; s->host1 = dp[8]; s->host0d = dp[9];
     for (int i = 0; i < 4; i++) { s->pre_range[i] = dp[10 + i]; s->dec_range[i] = dp[14 + i]; }
@@ -1197,6 +1231,14 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
         r->pre = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rej = (int64_t *)malloc(sizeof(int64_t) * m);
         r->rel = (int64_t *)malloc(sizeof(int64_t) * rc);
+        if (s->sfp) {
+            r->cand = (int64_t *)malloc(sizeof(int64_t) * wcap);
+            r->keys = (int64_t *)malloc(sizeof(int64_t) * wcap);
+            if (!r->cand || !r->keys) {
+                core_free(s);
+                return NULL;
+            }
+        }
         r->pad_q = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_kv = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_s = (int64_t *)malloc(sizeof(int64_t) * rc);

@@ -2,8 +2,8 @@
 
 The Python engine (sim.engine, with fast-forward and the decode cohort) runs
 any policy, router, cost model and KV cache. For the common case, the four
-built-in policies with FCFS order, no prefix cache, any built-in router and
-the roofline cost model, ``sim/_core.c`` runs the same step-by-step
+built-in policies without a prefix cache, any built-in router and the
+roofline cost model, ``sim/_core.c`` runs the same step-by-step
 semantics in C, 10-40x faster (docs/performance.md). Its records are
 byte-identical to the Python engine's (tests/test_core.py compares whole
 runs); around the run (workload, cost model set-up, the power_of_two
@@ -158,8 +158,8 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
     if type(policy) not in (ContinuousPolicy, ChunkedPrefillPolicy, StaticPolicy, DynamicPolicy):
         return f"policy {policy.name!r} (the core runs the four built-in policies)"
     cfg = policy.config
-    if getattr(cfg, "order", "fcfs") != "fcfs":
-        return f"queue order {cfg.order!r} (the core runs fcfs)"
+    if getattr(cfg, "order", "fcfs") not in ("fcfs", "shortest_prompt_first"):
+        return f"queue order {cfg.order!r} (the core runs fcfs and shortest_prompt_first)"
     if getattr(cfg, "enable_prefix_caching", False) or kv_type is not PagedKVCache:
         return "a prefix cache"
     if len(getattr(cfg, "preferred_batch_sizes", ())) > 64:
@@ -363,6 +363,7 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     delay = float(getattr(cfg, "timeout_s", getattr(cfg, "max_queue_delay_s", 0.0)))
     dparams = _dense_params(cost)
     ip = np.concatenate((ip, np.zeros(130 - len(ip), dtype=np.int64)))
+    ip[129] = int(getattr(cfg, "order", "fcfs") == "shortest_prompt_first")
     if dparams is not None:
         ip[100:100 + len(dparams[0])] = dparams[0]
     dp = np.zeros(90, dtype=np.float64)

@@ -70,6 +70,10 @@ CASES = [(p, {}) for p in ALL] + [
     ("chunked_prefill", {"replicas": 2, "router": "least_kv"}),
     ("chunked_prefill", {"replicas": 3, "router": "power_of_two"}),
     ("static", {"replicas": 2, "router": "power_of_two", "horizon_s": 20.0}),
+    ("continuous", {"policy": {"name": "continuous", "max_num_seqs": 48, "order": "shortest_prompt_first"}}),
+    ("chunked_prefill", {"replicas": 2, "policy": {"name": "chunked_prefill", "max_num_seqs": 48,
+                                                   "max_num_batched_tokens": 256,
+                                                   "order": "shortest_prompt_first"}}),
     ("continuous", {"horizon_s": 14.0}),
     ("chunked_prefill", {"horizon_s": 9.0, "max_queue_len": 5}),
     ("continuous", {"measure": {"records": "aggregate", "warmup_s": 2.0, "cooldown_s": 2.0}}),
@@ -150,6 +154,9 @@ def test_core_orders_arrivals_tied_with_step_ends_as_simpy_does(policy, replicas
 
 _SPECS = st.one_of(
     POLICY_SPECS,
+    st.builds(lambda s, t, m: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t,
+                               "order": "shortest_prompt_first"},
+              st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"])),
     st.builds(lambda b, t, c: {"name": "static", "max_batch_size": b, "timeout_s": t, "complete_at": c},
               st.integers(1, 6), st.sampled_from([0.0, 0.3]), st.sampled_from(["batch_end", "own_token"])),
 )
@@ -192,7 +199,8 @@ def test_auto_takes_the_core_where_it_can_and_python_elsewhere():
 @pytest.mark.parametrize("change,reason", [
     ({"policy": {"name": "continuous", "enable_prefix_caching": True},
       "workload": {"num_requests": 5, "shared_prefix": {"groups": 2, "tokens": 64}}}, "a prefix cache"),
-    ({"policy": {"name": "continuous", "order": "shortest_prompt_first"}}, "queue order"),
+    ({"policy": {"name": "continuous"}, "replicas": 2, "router": "least_kv", "max_queue_len": 1 << 41},
+     "max_queue_len"),
 ])
 def test_engine_core_says_why_it_cannot_run_a_scenario(change, reason):
     raw = dict(_scenario(POLICIES["continuous"]), engine="core", **change)
