@@ -106,6 +106,13 @@ def _progress() -> dict:
             got["arrived"] += len(obj.requests)
             got["completed"] += sum(1 for s in obj.requests if s.status == COMPLETED)
             got["sim_s"] = max(got["sim_s"], float(obj.env.now))
+    from sim import core
+
+    ran = core.progress()  # the compiled core keeps its state in C: ask it
+    if ran is not None:
+        got["arrived"] += ran["arrived"]
+        got["completed"] += ran["completed"]
+        got["sim_s"] = max(got["sim_s"], ran["sim_s"])
     return got
 
 

@@ -53,6 +53,7 @@ _STEP_CAP = 16384  # step records per replica handed over at a time (fewer with 
 _GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
 
 _lib: ctypes.CDLL | None = None
+_active: tuple | None = None  # (library, state, arrays) of the run in progress (see progress)
 _lib_error: str | None = None
 _loaded = False
 
@@ -266,6 +267,8 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     cfg, reps = policy.config, len(kv_blocks)
     info, dense, sf, si, g_rid, g_gap, req_i, req_f = (a[k] for k in (
         "info", "dense", "sf", "si", "g_rid", "g_gap", "req_i", "req_f"))
+    global _active
+    _active = (lib, st, a)
     try:
         while True:
             status = lib.core_run(st)
@@ -293,6 +296,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         lib.core_info(st, _ptr(info))
         held = int(lib.core_held(st))
     finally:
+        _active = None
         lib.core_free(st)
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len)
@@ -300,6 +304,19 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                    kv_peak=[int(info[5 + 5 * i + 2]) for i in range(reps)],
                    busy_s=[float(info[5 + 5 * i + 3]) for i in range(reps)], steps=int(info[1]),
                    held=held)
+
+
+def progress() -> dict | None:
+    """How far the core run in progress got (for a benchmark's timeout report; called between
+    the core's returns, e.g. from a signal handler), or None when no core run is in progress."""
+    if _active is None:
+        return None
+    lib, st, a = _active
+    info = np.zeros_like(a["info"])
+    lib.core_info(st, _ptr(info))
+    arrived = int(info[4])
+    return {"steps": int(info[1]), "arrived": arrived, "completed": int((a["req_i"][1, :arrived] == 1).sum()),
+            "sim_s": float(info[0])}
 
 
 def dense_totals(cost, keys) -> np.ndarray | None:

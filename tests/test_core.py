@@ -332,3 +332,29 @@ def test_an_empty_prompt_fails_the_same_way_on_auto():
                   max_model_len=8192)
     with pytest.raises(PolicyError, match="scheduled 0 tokens"):
         simulate(sc, parts)
+
+
+def test_progress_reports_a_run_in_flight():
+    """What a benchmark's timeout report reads (bench/child.py): asked at a flush, mid-run."""
+    from sim.records import StepLog
+
+    seen = []
+    extend = StepLog.extend
+
+    def spy(self, *columns, count=None):
+        seen.append(core.progress())
+        return extend(self, *columns, count=count)
+
+    raw = _scenario(POLICIES["continuous"])
+    raw["workload"] = dict(raw["workload"], num_requests=2500)  # (~55k steps: several flushes of 16384)
+    sc = scenario_from_dict(raw)
+    parts = build_parts(sc)
+    import unittest.mock as mock
+
+    with mock.patch.object(StepLog, "extend", spy):
+        result = simulate(sc, parts)
+    assert result.engine["engine"] == "core" and len(seen) >= 2 and core.progress() is None
+    first, last = seen[0], seen[-1]
+    assert 0 < first["steps"] <= last["steps"] <= result.engine["steps"]
+    assert 0 < first["arrived"] <= last["arrived"] <= 2500 and first["completed"] <= last["completed"]
+    assert 0 < first["sim_s"] <= last["sim_s"]
