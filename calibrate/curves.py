@@ -86,7 +86,9 @@ class Curve:
                     push(yhi)
                 else:
                     lx = log(x)
-                    i = min(bis(lxs, lx) - 1, last)
+                    i = bis(lxs, lx) - 1
+                    if i > last:  # (as in __call__)
+                        i = last
                     push(exp(ys[i] + (lx - lxs[i]) * slopes[i]))
             if len(memo) > _MEMO_LIMIT:
                 memo.clear()
@@ -101,7 +103,9 @@ class Curve:
                     v = yhi
                 else:
                     lx = log(x)
-                    i = min(bis(lxs, lx) - 1, last)
+                    i = bis(lxs, lx) - 1
+                    if i > last:
+                        i = last
                     v = exp(ys[i] + (lx - lxs[i]) * slopes[i])
                 out[j] = memo[x] = v
         return out

@@ -36,7 +36,12 @@ from policies.ordering import QueueOrder, last_admitted
 from sim.protocols import ReplicaView, SeqView
 from sim.types import BatchPlan
 
-__all__ = ["IterationConfig", "StepBuilder"]
+__all__ = ["IterationConfig", "StepBuilder", "over_budget"]
+
+
+def over_budget(pending: int, cap: int) -> str:
+    """Why a whole prompt is rejected (the compiled core's records give the same words: sim.core)."""
+    return f"needs {pending} tokens in one step but max_num_batched_tokens is {cap}"
 
 
 class IterationConfig(PolicyConfig):
@@ -279,8 +284,7 @@ class StepBuilder:
         """
         for seq in candidates:
             if not chunked and seq.pending > self.cap:
-                self.reject[seq.rid] = (f"needs {seq.pending} tokens in one step but "
-                                        f"max_num_batched_tokens is {self.cap}")
+                self.reject[seq.rid] = over_budget(seq.pending, self.cap)
                 continue
             if self.slots < 1 or self.budget < 1:
                 return

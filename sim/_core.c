@@ -121,13 +121,13 @@ typedef struct {
     /* KV */
     int64_t total_blocks, used, peak;
     int64_t outstanding, admissions, admin_only;
-    double busy_s;
     int phase, wake_triggered, cond_triggered;
     int64_t idle_gen;
     int has_idle_until;
     double idle_until;
     /* the plan in hand */
-    int64_t *rows_rid, *rows_q, *rows_ctx;
+    int64_t *rows_rid, *rows_q;
+    int64_t *scratch;  /* schedule_decodes: the running decodes before any preemption */
     int64_t nrows;
     int64_t *pre;  /* preempted rids, admission order */
     int64_t npre;
@@ -160,7 +160,7 @@ typedef struct {
 
 typedef struct {
     /* configuration */
-    int64_t n_req, n_rep, policy, max_seqs, cap, bs, total_blocks, max_model_len, max_queue_len, router;
+    int64_t n_req, n_rep, policy, max_seqs, cap, bs, max_model_len, max_queue_len, router;
     /* static / dynamic: timeout (max_queue_delay_s), complete_at batch_end, preferred batch sizes */
     double launch_delay;
     int batch_end, sfp;
@@ -447,7 +447,7 @@ static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
         return;
     }
     /* the decodes as they were before any preemption (a preempted one is skipped) */
-    int64_t *dec = r->rows_ctx;  /* scratch: rows_ctx is filled only later, by grow_and_shape */
+    int64_t *dec = r->scratch;
     int64_t k = 0;
     for (int64_t i = 0; i < r->nrun; i++)
         if (is_decode(s, r->run[i])) dec[k++] = r->run[i];
@@ -720,7 +720,6 @@ static int grow_and_shape(core_t *s, replica_t *r) {
             r->used += extra;
             if (r->used > r->peak) r->peak = r->used;
         }
-        r->rows_ctx[j] = c;
         if (c + q == s->num_tokens[rid]) { bs_++; us_++; }
         int64_t kv = billed >= 0 ? billed : c;
         uT += q; uqkv += q * c; uqq += q * q; ukv += c;
@@ -1028,7 +1027,6 @@ static int replica_loop(core_t *s, int ri) {
 
 static int step_done(core_t *s, int ri) {
     replica_t *r = &s->reps[ri];
-    r->busy_s += r->c_seconds;
     advance_and_record(s, r, ri);
     r->phase = PH_SCHEDULE;
     return replica_loop(s, ri);
@@ -1114,7 +1112,7 @@ void core_free(core_t *s) {
     if (s->reps) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
-            free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->rows_ctx);
+            free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->scratch);
             free(r->pre); free(r->rej); free(r->rel); free(r->cand); free(r->keys); free(r->pad_q); free(r->pad_kv); free(r->pad_s);
         }
         free(s->reps);
@@ -1227,7 +1225,7 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
         r->run = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rows_rid = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rows_q = (int64_t *)malloc(sizeof(int64_t) * rc);
-        r->rows_ctx = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->scratch = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pre = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->rej = (int64_t *)malloc(sizeof(int64_t) * m);
         r->rel = (int64_t *)malloc(sizeof(int64_t) * rc);
@@ -1242,7 +1240,7 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
         r->pad_q = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_kv = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_s = (int64_t *)malloc(sizeof(int64_t) * rc);
-        if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->rows_ctx || !r->pre || !r->rej || !r->rel
+        if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->scratch || !r->pre || !r->rej || !r->rel
             || !r->pad_q || !r->pad_kv || !r->pad_s) {
             core_free(s);
             return NULL;
@@ -1333,7 +1331,7 @@ int core_run(core_t *s) {
 }
 
 /* Scalars Python reads back: [now, steps, need_T, need_s, delivered], then per
- * replica [nsteps, ngaps, peak, busy_s, 0]. */
+ * replica [nsteps, ngaps, peak]. */
 void core_info(core_t *s, double *out) {
     out[0] = s->now;
     out[1] = (double)s->steps_total;
@@ -1342,11 +1340,9 @@ void core_info(core_t *s, double *out) {
     out[4] = (double)s->next_rid;
     for (int64_t i = 0; i < s->n_rep; i++) {
         replica_t *r = &s->reps[i];
-        out[5 + 5 * i + 0] = (double)r->nsteps;
-        out[5 + 5 * i + 1] = (double)r->ngaps;
-        out[5 + 5 * i + 2] = (double)r->peak;
-        out[5 + 5 * i + 3] = r->busy_s;
-        out[5 + 5 * i + 4] = 0.0;
+        out[5 + 3 * i + 0] = (double)r->nsteps;
+        out[5 + 3 * i + 1] = (double)r->ngaps;
+        out[5 + 3 * i + 2] = (double)r->peak;
     }
 }
 

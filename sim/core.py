@@ -48,7 +48,13 @@ _ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
 _POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunked_prefill", None): 2,
              ("static", None): 3, ("dynamic", None): 4}
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
-_STATUS = (UNFINISHED, COMPLETED, REJECTED)
+_STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
+_COMPLETED, _REJECTED = 1, 2
+
+
+def _rep_info(i: int) -> int:
+    """Where replica ``i``'s scalars start in core_info's output: [nsteps, ngaps, KV peak]."""
+    return 5 + 3 * i
 _STEP_CAP = 16384  # step records per replica handed over at a time (fewer with many replicas)
 _GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
 
@@ -244,7 +250,6 @@ class CoreRun:
     requests: pd.DataFrame
     now: float
     kv_peak: list[int]
-    busy_s: list[float]
     steps: int
     held: int  # requests still queued or running on some replica at the end
 
@@ -301,8 +306,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len)
     return CoreRun(requests=requests, now=float(info[0]),
-                   kv_peak=[int(info[5 + 5 * i + 2]) for i in range(reps)],
-                   busy_s=[float(info[5 + 5 * i + 3]) for i in range(reps)], steps=int(info[1]),
+                   kv_peak=[int(info[_rep_info(i) + 2]) for i in range(reps)], steps=int(info[1]),
                    held=held)
 
 
@@ -315,7 +319,7 @@ def progress() -> dict | None:
     info = np.zeros_like(a["info"])
     lib.core_info(st, _ptr(info))
     arrived = int(info[4])
-    return {"steps": int(info[1]), "arrived": arrived, "completed": int((a["req_i"][1, :arrived] == 1).sum()),
+    return {"steps": int(info[1]), "arrived": arrived, "completed": int((a["req_i"][1, :arrived] == _COMPLETED).sum()),
             "sim_s": float(info[0])}
 
 
@@ -343,9 +347,10 @@ def dense_totals(cost, keys) -> np.ndarray | None:
 def _pairs(rng: np.random.Generator | None, replicas: int, workload, horizon: float | None) -> np.ndarray:
     """sim.router's power_of_two draws, one pair per routed arrival, in arrival order: the draws
     do not depend on the replicas' state, so they can be made before the run (~10 us each)."""
+    # (a row per request, drawn for those that can arrive before the horizon: the others are never routed)
+    out = np.zeros((max(len(workload), 1), 2), dtype=np.int64)
     n = len(workload) if horizon is None else min(len(workload), int(np.searchsorted(workload.arrival, horizon,
                                                                                         "right")) + 1)
-    out = np.zeros((max(n, 1), 2), dtype=np.int64)
     if rng is not None and replicas > 1:
         choice = rng.choice
         for i in range(n):
@@ -360,8 +365,6 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     cfg = policy.config
     n, reps = len(workload), len(kv_blocks)
     pairs = _pairs(router_rng if router == "power_of_two" else None, reps, workload, horizon)
-    if len(pairs) < max(n, 1):  # (arrivals past the horizon are never routed)
-        pairs = np.concatenate((pairs, np.zeros((max(n, 1) - len(pairs), 2), dtype=np.int64)))
     (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
      pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
     pre_has, pre_r = _range(pre_range)
@@ -401,7 +404,7 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     si = np.empty((reps, 11, step_cap), dtype=np.int64)
     g_rid = np.empty((reps, gap_cap), dtype=np.int64)
     g_gap = np.empty((reps, gap_cap), dtype=np.float64)
-    info = np.zeros(5 + 5 * reps, dtype=np.float64)
+    info = np.zeros(_rep_info(reps), dtype=np.float64)
     dense = np.empty(7, dtype=np.float64)
     st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
                       _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap), _ptr(pairs))
@@ -414,13 +417,13 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
 
 def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
     for i in range(reps):
-        k = int(info[5 + 5 * i])
+        k = int(info[_rep_info(i)])
         if k:
             f, s = sf[i], si[i]
             steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
                          f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)
-        g = int(info[5 + 5 * i + 1])
+        g = int(info[_rep_info(i) + 1])
         if g:
             itl_sinks[i].extend(g_rid[i, :g], g_gap[i, :g])
 
@@ -435,12 +438,12 @@ def _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, blo
     admitted, first, last, comp, mx = (req_f[j, :k] for j in range(5))
     arrival = workload.arrival[:k].astype(np.float64)
     output = workload.output_tokens[:k].astype(np.int64)
-    done = status == 1
+    done = status == _COMPLETED
     completion = np.where(done, comp, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(done & ~np.isnan(first) & (output > 1), (completion - first) / (output - 1), np.nan)
     reasons = np.full(k, "", dtype=object)
-    for rid in np.flatnonzero(status == 2).tolist():
+    for rid in np.flatnonzero(status == _REJECTED).tolist():
         reasons[rid] = _reason(int(reason[rid]), int(rval[rid]), cfg, max_model_len, kv_blocks[int(rep[rid])],
                                block_size, max_queue_len)
     # NOTE: pandas infers a column of Python ints as int64: SimPy's clock is the integer 0 until a
@@ -458,12 +461,14 @@ def _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, blo
 
 
 def _reason(code: int, value: int, cfg, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:
-    # the messages of sim.engine.Replica.enqueue, sim.engine.Cluster and policies.step.StepBuilder.admit
+    """The words sim.engine and policies.step give the rejection the core coded as (code, value)."""
+    from policies.step import over_budget
+    from sim.engine import over_kv, queue_full, too_long
+
     if code == 1:
-        return f"prompt+output {value} > max_model_len {max_model_len}"
+        return too_long(value, max_model_len)
     if code == 2:
-        return f"prompt+output {value} tokens > KV capacity {blocks * block_size}"
+        return over_kv(value, blocks * block_size)
     if code == 3:
-        return f"queue full ({max_queue_len} waiting)"
-    return (f"needs {value} tokens in one step but "
-            f"max_num_batched_tokens is {cfg.max_num_batched_tokens}")
+        return queue_full(max_queue_len)
+    return over_budget(value, cfg.max_num_batched_tokens)

@@ -26,7 +26,20 @@ from sim.runs import Runs, _cohort_shape, _Run, _timeout_at
 from sim.state import COMPLETED, REJECTED, Seq
 from sim.types import BatchPlan, StepShape, Workload
 
-__all__ = ["Replica", "Cluster", "PolicyError"]
+__all__ = ["Replica", "Cluster", "PolicyError", "too_long", "over_kv", "queue_full"]
+
+
+# Why the engine rejects a request (the compiled core's records give the same words: sim.core)
+def too_long(total: int, max_model_len: int) -> str:
+    return f"prompt+output {total} > max_model_len {max_model_len}"
+
+
+def over_kv(total: int, capacity_tokens: int) -> str:
+    return f"prompt+output {total} tokens > KV capacity {capacity_tokens}"
+
+
+def queue_full(max_queue_len: int) -> str:
+    return f"queue full ({max_queue_len} waiting)"
 
 
 class _View:
@@ -141,10 +154,9 @@ class Replica(Runs):
         seq.replica = self.index
         total = seq.prompt_tokens + seq.output_tokens
         if total > self.max_model_len:
-            return self.reject(seq, f"prompt+output {total} > max_model_len {self.max_model_len}")
+            return self.reject(seq, too_long(total, self.max_model_len))
         if self.kv.blocks_needed(seq, total) > self.kv.total_blocks:
-            return self.reject(seq, f"prompt+output {total} tokens > KV capacity "
-                                     f"{self.kv.total_blocks * self.kv.block_size}")
+            return self.reject(seq, over_kv(total, self.kv.total_blocks * self.kv.block_size))
         self.seqs[seq.rid] = seq
         self.waiting.append(seq)
         if self._run_arrivals is not None:
@@ -520,7 +532,7 @@ class Cluster:
             replica = self.replicas[self.route(self.replicas, seq)]
             if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
                 seq.replica = replica.index
-                replica.reject(seq, f"queue full ({self.max_queue_len} waiting)")
+                replica.reject(seq, queue_full(self.max_queue_len))
                 continue
             replica.enqueue(seq)
         self.next_arrival = math.inf

@@ -129,7 +129,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
     caches = [_kv_cache(parts, p.config) for p in pols]
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
-    why = None
+    use_core = False
     if scenario.engine != "python":
         why = core.unsupported(pols[0], parts.cost, scenario.router, replica, type(caches[0]), parts.workload,
                                scenario.max_queue_len)
@@ -137,7 +137,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
             why = f"the compiled core could not be built ({core.library_error()})"
         if why is not None and scenario.engine == "core":
             raise InputError(f"core cannot run this scenario: {why}", "engine")
-    if why is None and scenario.engine != "python":
+        use_core = why is None
+    if use_core:
         ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
                             caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
                             scenario.max_queue_len, steps,

@@ -25,8 +25,8 @@ from calibrate.models import load_model
 from sim import core
 from sim.config import scenario_from_dict
 from sim.errors import InputError
-from sim.runner import Parts, build_parts, simulate, write_outputs
-from tests.test_fast_forward import POLICIES, _calibrated_like, _scenario
+from sim.runner import Parts, build_parts, simulate
+from tests.test_fast_forward import POLICIES, _calibrated_like, _scenario, written
 from tests.test_properties import POLICY_SPECS, workloads
 
 pytestmark = pytest.mark.skipif(core.library() is None, reason=f"no compiled core here: {core.library_error()}")
@@ -36,9 +36,7 @@ ALL = ITERATION + ("static", "dynamic")
 
 
 def _files(result, tmp_path, tag: str) -> dict[str, bytes]:
-    out = write_outputs(result, tmp_path / tag)
-    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
-    files["itl"] = result.itl.to_csv(index=False).encode()
+    files = written(result, tmp_path / tag)
     files["summary"] = json.dumps(result.summary, sort_keys=True).encode()
     return files
 

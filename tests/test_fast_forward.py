@@ -84,10 +84,15 @@ def _scenario(policy: dict, **kw) -> dict:
 def _outputs(raw: dict, fast_forward: bool, tmp_path, tag: str):
     sc = scenario_from_dict(dict(raw, fast_forward=fast_forward, engine="python"))  # (the Python engine: tests/test_core.py covers the core)
     result = simulate(sc, build_parts(sc))
-    out = write_outputs(result, tmp_path / f"{tag}-{fast_forward}")
+    return written(result, tmp_path / f"{tag}-{fast_forward}"), result
+
+
+def written(result, folder) -> dict[str, bytes]:
+    """What a run writes (write_outputs' files) plus its gap records, as bytes by name."""
+    out = write_outputs(result, folder)
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     files["itl"] = result.itl.to_csv(index=False).encode()
-    return files, result
+    return files
 
 
 CASES = [(p, {}) for p in POLICIES] + [
