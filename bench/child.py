@@ -152,7 +152,6 @@ def run(spec: dict, out: str) -> dict:
         "status": "ok", "build_s": t1 - t0[0], "sim_s": t2 - t1, "wall_s": t2 - t0[0], "cpu_s": cpu,
         "requests": len(parts.workload), "completed": int(summary.get("completed", 0)),
         "steps": int(summary.get("num_steps", len(result.steps))),
-        "fast_forward_steps": int(result.engine.get("fast_forward_steps", 0)),
         "sim_duration_s": float(summary.get("duration_s", 0.0)),
         "peak_rss_mb": peak_rss_mb(), "import_rss_mb": import_rss, **_calibration(calibration),
     }

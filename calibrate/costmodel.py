@@ -21,8 +21,6 @@ handful of numpy reductions over the rows.
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_left, bisect_right
-from typing import NamedTuple
 
 import numpy as np
 
@@ -33,15 +31,13 @@ from calibrate.work import B_ACT, ShardShape, Work
 from sim.errors import InputError
 from sim.types import OpCost, StepCost, StepShape
 
-__all__ = ["RooflineCostModel", "DecodeRun"]
+__all__ = ["RooflineCostModel"]
 
 _ZERO = StepCost(seconds=0.0, flops=0.0, bytes=0.0)
 _CACHE_LIMIT = 1 << 16
-_EXACT = 1 << 53  # integers below this are exact doubles, and so are their sums and products below it
 
 # the reductions ndarray.sum / .max call, minus the method dispatch (same results)
 _sum, _max, _nonzero, _dot = np.add.reduce, np.maximum.reduce, np.count_nonzero, np.dot
-_arange, _array = np.arange, np.array
 _I64 = np.dtype(np.int64)
 _ONES: dict[int, bytes] = {}  # n -> bytes of np.ones(n, int64), to spot all-decode steps
 
@@ -104,41 +100,6 @@ def _denominator(cache: dict, tokens: int, eff, peak: float) -> float:
     return den
 
 
-class DecodeRun(NamedTuple):
-    """Costs of ``count`` consecutive all-decode steps, one array element per step
-    (the fields of :class:`~sim.types.StepCost`)."""
-
-    seconds: np.ndarray
-    flops: np.ndarray
-    bytes: np.ndarray
-    compute_s: np.ndarray
-    memory_s: np.ndarray
-    network_s: float
-    overhead_s: float
-    out_of_range: np.ndarray
-
-    def step(self, j: int) -> StepCost:
-        """Step ``j`` as a :class:`StepCost`."""
-        net, over = self.network_s, self.overhead_s
-        if type(net) is np.ndarray:  # (price_decode_segments: per step)
-            net, over = float(net[j]), float(over[j])
-        return _step_cost(float(self.seconds[j]), float(self.flops[j]), float(self.bytes[j]),
-                          float(self.compute_s[j]), float(self.memory_s[j]), net, over,
-                          int(self.out_of_range[j]))
-
-
-def _from_sums(n: int, sums: tuple) -> tuple:
-    """``(T, n_dec, ctx_dec, pairs, pre_kv)`` of a step of ``n`` rows from its row sums
-    (``StepShape.sums``): the integers :meth:`RooflineCostModel.price` reduces rows to."""
-    T, n_dec, ctx_dec, qkv, qq, kv_read = sums
-    if T == n and qq == n:  # every row one token: the fast path's expressions
-        pairs = pre_kv = float(n - n_dec)
-    else:
-        pairs = (2 * qkv + qq + T) / 2.0 - ctx_dec
-        pre_kv = kv_read + T - ctx_dec
-    return T, n_dec, ctx_dec, pairs, pre_kv
-
-
 class RooflineCostModel:
     """Prices steps of ``model`` on ``hardware`` at tensor-parallel size ``tp``.
 
@@ -182,7 +143,7 @@ class RooflineCostModel:
         self._precompute()
 
     def _precompute(self) -> None:
-        """Per-model constants of the fast paths (see :meth:`price`); None turns a path off."""
+        """Per-model constants of :meth:`price`'s fast path; None turns it off."""
         m, sh = self.model, self.shard
         L, dh = m.num_hidden_layers, m.head_dim
         h, k = sh.heads, sh.kv_heads
@@ -197,74 +158,46 @@ class RooflineCostModel:
         if pre is not None and dec is not None:
             self._attn = (L, L * 4.0, h, dh, kv_elt, qo, self._peak16, self._bw, l_launch, host0, host1, host0d,
                           pre, pre.memory, pre.measured, {}, dec, dec.memory, dec.measured, {})
-        # price_decodes (its own lookup order) and decode_flops: integer per-token constants
-        run = self._eff.get("attention_decode") or self._eff.get("attention")
-        self._run = self._run_bound = None
-        if run is not None and kv_elt == int(kv_elt) and qo == int(qo):
-            ke, qi, kf = int(kv_elt), int(qo), L * 4 * h * dh
-            if kf < _EXACT and L * ke < _EXACT:
-                # (every step of a run has decode rows: its per-step host time is host0d)
-                self._run = (float(kf), ke, qi, float(L * ke), L, self._peak16, self._bw, l_launch, host0d, host1,
-                             run, run.memory, run.measured, {})
-                self._run_bound = (max(kf, L * ke), L * qi)
 
     # -- pricing -------------------------------------------------------------
-    # NOTE: price, price_decodes and decode_flops are the simulator's hot path.
-    # They inline ShardShape.attention and _roofline for the two attention
-    # operators (per-model constants precomputed in _precompute) with every
-    # floating-point operation kept in the original order, so results are
-    # bit-identical to the plain code (kept as _price_slow / _price_decodes_slow,
-    # which also serve breakdowns and profiles the fast path does not cover).
+    # NOTE: price is the simulator's hot path. It inlines ShardShape.attention
+    # and _roofline for the two attention operators (per-model constants
+    # precomputed in _precompute) with every floating-point operation kept in
+    # the original order, so results are bit-identical to the plain code (kept
+    # as _price_slow, which also serves breakdowns and profiles the fast path
+    # does not cover).
     def price(self, shape: StepShape, breakdown: bool = False) -> StepCost:
         """What one step costs; ``breakdown`` adds per-operator figures (slower)."""
         q, kv = shape.q, shape.kv
         n = q.shape[0]
         if n == 0:
             return _ZERO
-        sums = shape.sums
-        if sums is not None:  # (the engine's own row sums: the same integers as below)
-            T, n_dec, ctx_dec, pairs, pre_kv = _from_sums(n, sums)
-            if T == 0:
-                return _ZERO
+        if q.dtype == _I64 and q.tobytes() == (_ONES.get(n) or _ones(n)):
+            T, ones = n, True  # what the reductions below find for all-ones rows, without reducing
         else:
-            if q.dtype == _I64 and q.tobytes() == (_ONES.get(n) or _ones(n)):
-                T, ones = n, True  # what the reductions below find for all-ones rows, without reducing
-            else:
-                T = int(_sum(q))
-                if T == 0:  # only billed-but-empty rows: nothing runs
-                    return _ZERO
-                ones = T == n and _max(q) == 1
-            if ones:
-                # NOTE: fast path, every row is one token (decodes, and 1-token prompts with kv == 0);
-                # four reductions instead of nine, which is most of a decode step's price.
-                n_dec = int(_nonzero(kv))
-                ctx_dec = int(_sum(kv)) + n_dec
-                pairs = pre_kv = float(n - n_dec)
-            else:
-                kv1 = kv[q == 1]
-                n_dec = int(_nonzero(kv1))
-                ctx_dec = int(_sum(kv1)) + n_dec
-                # sum over rows of q*(2kv+q+1) = 2 * causal pairs; a decode row contributes 2*(kv+1)
-                pairs = (2 * int(_dot(q, kv)) + int(_dot(q, q)) + T) / 2.0 - ctx_dec
-                # rows with q == 0 (billed padding) compute nothing and read no KV
-                kv_read = _sum(kv) if _nonzero(q) == n else _sum(kv[q > 0])
-                pre_kv = int(kv_read) + T - ctx_dec
+            T = int(_sum(q))
+            if T == 0:  # only billed-but-empty rows: nothing runs
+                return _ZERO
+            ones = T == n and _max(q) == 1
+        if ones:
+            # NOTE: fast path, every row is one token (decodes, and 1-token prompts with kv == 0);
+            # four reductions instead of nine, which is most of a decode step's price.
+            n_dec = int(_nonzero(kv))
+            ctx_dec = int(_sum(kv)) + n_dec
+            pairs = pre_kv = float(n - n_dec)
+        else:
+            kv1 = kv[q == 1]
+            n_dec = int(_nonzero(kv1))
+            ctx_dec = int(_sum(kv1)) + n_dec
+            # sum over rows of q*(2kv+q+1) = 2 * causal pairs; a decode row contributes 2*(kv+1)
+            pairs = (2 * int(_dot(q, kv)) + int(_dot(q, q)) + T) / 2.0 - ctx_dec
+            # rows with q == 0 (billed padding) compute nothing and read no KV
+            kv_read = _sum(kv) if _nonzero(q) == n else _sum(kv[q > 0])
+            pre_kv = int(kv_read) + T - ctx_dec
         c = self._attn
         if breakdown or c is None:
             return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv)
         return self._price_fast(c, n, T, n_dec, ctx_dec, pairs, pre_kv, shape.sampled)
-
-    def price_sums(self, n: int, sums: tuple, sampled: int) -> StepCost | None:
-        """:meth:`price` of a step given as its row count, its row sums (``StepShape.sums``)
-        and its sampled rows, with no arrays; None where only the slow path prices (then
-        build the StepShape and call :meth:`price`)."""
-        c = self._attn
-        if c is None:
-            return None
-        T, n_dec, ctx_dec, pairs, pre_kv = _from_sums(n, sums)
-        if T == 0:
-            return _ZERO
-        return self._price_fast(c, n, T, n_dec, ctx_dec, pairs, pre_kv, sampled)
 
     def _price_fast(self, c: tuple, n: int, T: int, n_dec: int, ctx_dec: int, pairs: float, pre_kv,
                     sampled: int) -> StepCost:
@@ -322,212 +255,6 @@ class RooflineCostModel:
         t = self.tp
         return StepCost(seconds=comp + mem + net + over, flops=flops * t, bytes=nbytes * t, compute_s=comp,
                         memory_s=mem, network_s=net, overhead_s=over, out_of_range=oor)
-
-    def price_decodes(self, rows: int, context: int, count: int, stride: int, sampled: int) -> DecodeRun:
-        """Price ``count`` all-decode steps at once, exactly as :meth:`price` would one by one.
-
-        Every step has ``rows`` rows of one new token each, all with ``kv > 0``;
-        step ``j``'s rows hold ``context + j * stride`` cached tokens in all
-        (``stride`` is ``rows`` when every row grows by one token per step).
-        This is the engine's fast-forward: the arithmetic is :meth:`price`'s,
-        operation for operation, on arrays (IEEE-exact for + - * /), and the
-        efficiency curves are evaluated with the same scalar code, so element
-        ``j`` equals ``price`` of that step bit for bit (tests check it).
-        """
-        if rows < 1 or count < 1:
-            raise ValueError(f"price_decodes needs rows >= 1 and count >= 1, got {rows}, {count}")
-        ctx = self._decode_ctx(rows, context, count, stride)
-        if ctx is None:
-            return self._price_decodes_slow(rows, context, count, stride, sampled)
-        c = self._run
-        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0d, host1, eff, mem_curve, rng, den_cache = c
-        # NOTE: _decode_ctx checked that every step's FLOPs and bytes are
-        # integers below 2**53, where float products and sums are exact in any
-        # order: fewer array operations than price's formulas, the same doubles.
-        w_flops = ctx * flops_k  # L * 4.0 * ctx * heads * head_dim
-        w_bytes = ctx * lke  # L * (ctx * kv_elt + rows * qo)
-        w_bytes += float(L * rows * qo)
-        # w_bytes / L, the bytes per kernel: an arithmetic progression of integers
-        b0, step = (context + rows) * ke + rows * qo, stride * ke
-        per_bytes = range(b0, b0 + step * count, step) if step else [b0] * count
-        mem_eff = mem_curve.progression(context + rows, stride, count, ke, rows * qo)  # (per_bytes's values)
-        tc = w_flops / (den_cache.get(rows) or _denominator(den_cache, rows, eff, peak))
-        mem_eff *= bw
-        tm = w_bytes / mem_eff
-        comp, mem, net, over, flops, nbytes, oor0 = self._dense(rows, sampled)
-        cbound = tc >= tm
-        n_c = int(_nonzero(cbound))
-        if n_c == 0:
-            comp_s = np.full(count, comp)
-            tm += mem
-            mem_s = tm
-            seconds = comp + mem_s
-        elif n_c == count:
-            tc += comp
-            comp_s = tc
-            mem_s = np.full(count, mem)
-            seconds = comp_s + mem
-        else:
-            comp_s = np.where(cbound, comp + tc, comp)
-            mem_s = np.where(cbound, mem, mem + tm)
-            seconds = comp_s + mem_s
-        over = over + l_launch
-        over += host0d + host1 * rows
-        if net:  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
-            seconds += net
-        seconds += over
-        self._add_dense(w_flops, w_bytes, flops, nbytes)
-        if rng is None:
-            oor = np.full(count, oor0, dtype=np.int64)
-        elif not rng[0] <= rows <= rng[1]:
-            oor = np.full(count, oor0 + 1, dtype=np.int64)
-        else:  # per_bytes ascends: in range on one slice of steps
-            oor = np.full(count, oor0 + 1, dtype=np.int64)
-            i = bisect_left(per_bytes, rng[2])
-            oor[i:bisect_right(per_bytes, rng[3], i)] = oor0
-        return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
-                         network_s=net, overhead_s=over, out_of_range=oor)
-
-    def price_decode_segments(self, segments: list[tuple[int, int, int]]):
-        """:meth:`price_decodes` of consecutive stretches of decode steps, in one call.
-
-        ``segments`` are ``(rows, context, count)``: ``count`` steps of ``rows``
-        one-token rows (each sampled) over ``context`` cached tokens in all in
-        the first, every row one token longer each step (a cohort whose members
-        finish between stretches: ``Replica._cohort_run``). Returns one
-        :class:`DecodeRun` over all the steps, with ``network_s`` and
-        ``overhead_s`` per step (arrays). Element for element the operations of
-        :meth:`price_decodes` with each stretch's constants, so the same doubles.
-        """
-        if len(segments) == 1:
-            r, c, n = segments[0]
-            return self.price_decodes(r, c, n, r, r)
-        if any(not self._exact_run(r, c, n, r) or r < 1 or n < 1 for r, c, n in segments):
-            parts = [self.price_decodes(r, c, n, r, r) for r, c, n in segments]
-            counts = [len(p.seconds) for p in parts]
-            cat = np.concatenate
-            return DecodeRun(
-                seconds=cat([p.seconds for p in parts]), flops=cat([p.flops for p in parts]),
-                bytes=cat([p.bytes for p in parts]), compute_s=cat([p.compute_s for p in parts]),
-                memory_s=cat([p.memory_s for p in parts]),
-                network_s=np.repeat([p.network_s for p in parts], counts),
-                overhead_s=np.repeat([p.overhead_s for p in parts], counts),
-                out_of_range=cat([p.out_of_range for p in parts]))
-        flops_k, ke, qo, lke, L, peak, bw, l_launch, host0d, host1, eff, mem_curve, rng, den_cache = self._run
-        # per stretch: its constants as columns, then one repeat per dtype to steps
-        ints, floats, counts = [], [], []
-        for r, c, n in segments:
-            comp, mem, net, over, flops, nbytes, oor0 = self._dense(r, r)
-            over = over + l_launch
-            over += host0d + host1 * r
-            den = den_cache.get(r) or _denominator(den_cache, r, eff, peak)
-            ints.append((r, c + r, oor0))
-            floats.append((float(L * r * qo), den, comp, mem, net, over, flops, nbytes))
-            counts.append(n)
-        total = sum(counts)
-        r_step, first, oor = np.repeat(np.array(ints, dtype=np.int64), counts, axis=0).T
-        lq, den, comp, mem, net, over_s, flops, nbytes = np.repeat(np.array(floats), counts, axis=0).T
-        # each step's sum of (kv + 1): its stretch's first plus rows per step since the stretch began
-        at = np.repeat(np.cumsum(counts) - counts, counts)
-        ctx = r_step * (np.arange(total) - at)
-        ctx += first
-        w_flops = ctx * flops_k
-        w_bytes = ctx * lke
-        w_bytes += lq
-        per_bytes = ctx * ke + r_step * qo  # (integers, price_decodes's progressions)
-        mem_eff = _array(mem_curve.many(per_bytes.tolist()), dtype=np.float64)
-        tc = w_flops / den
-        mem_eff *= bw
-        tm = w_bytes / mem_eff
-        cbound = tc >= tm
-        comp_s = np.where(cbound, comp + tc, comp)
-        mem_s = np.where(cbound, mem, mem + tm)
-        seconds = comp_s + mem_s
-        if net.any():  # NOTE: x + 0.0 == x bit for bit unless x is -0.0, which a sum of times never is
-            seconds += net
-        seconds += over_s
-        self._add_dense(w_flops, w_bytes, flops, nbytes)
-        if rng is not None:
-            oor += (r_step < rng[0]) | (r_step > rng[1]) | (per_bytes < rng[2]) | (per_bytes > rng[3])
-        return DecodeRun(seconds=seconds, flops=w_flops, bytes=w_bytes, compute_s=comp_s, memory_s=mem_s,
-                         network_s=net, overhead_s=over_s, out_of_range=oor)
-
-    def _add_dense(self, w_flops: np.ndarray, w_bytes: np.ndarray, flops, nbytes) -> None:
-        """In place: a run's attention FLOPs and bytes per step plus the dense operators'
-        (``flops``, ``nbytes``), then times the TP degree (per replica, all shards)."""
-        w_flops += flops
-        w_bytes += nbytes
-        t = self.tp
-        if t != 1:
-            w_flops *= t
-            w_bytes *= t
-
-    def _price_decodes_slow(self, rows: int, context: int, count: int, stride: int, sampled: int) -> DecodeRun:
-        """:meth:`price_decodes` with :meth:`price`'s formulas on arrays (any inputs and profiles)."""
-        ctx, w_flops = self._decode_attention_flops_slow(rows, context, count, stride)
-        m, sh = self.model, self.shard
-        L = m.num_hidden_layers
-        kv_elt = 2 * sh.kv_heads * m.head_dim * sh.b_kv
-        qo = sh.heads * m.head_dim * B_ACT * 2
-        w_bytes = L * (ctx * kv_elt + rows * qo)
-        eff = self._eff.get("attention_decode") or self._eff["attention"]
-        per_bytes = w_bytes / L
-        mem_eff = np.array(eff.memory.many(per_bytes.tolist()), dtype=np.float64)
-        tc = w_flops / (self._peak16 * eff.compute(rows))
-        tm = w_bytes / (self._bw * mem_eff)
-        oor = eff.out_of_range_many(rows, per_bytes)
-        comp, mem, net, over, flops, nbytes, oor0 = self._dense(rows, sampled)
-        cbound = tc >= tm
-        comp_s = np.where(cbound, comp + tc, comp)
-        mem_s = np.where(cbound, mem, mem + tm)
-        over = over + L * self._launch
-        over += self._host[2] + self._host[1] * rows
-        t = self.tp
-        return DecodeRun(seconds=comp_s + mem_s + net + over, flops=(flops + w_flops) * t,
-                         bytes=(nbytes + w_bytes) * t, compute_s=comp_s, memory_s=mem_s,
-                         network_s=net, overhead_s=over, out_of_range=oor0 + oor)
-
-    def decode_flops(self, rows: int, context: int, count: int, stride: int, sampled: int) -> np.ndarray:
-        """Just the ``flops`` of :meth:`price_decodes` (no efficiency curves: cheap)."""
-        _, w_flops = self._decode_attention_flops(rows, context, count, stride)
-        w_flops += self._dense(rows, sampled)[4]
-        if self.tp != 1:
-            w_flops *= self.tp
-        return w_flops
-
-    def _decode_attention_flops(self, rows: int, context: int, count: int, stride: int):
-        """Per step of a decode run: the sum of (kv + 1) over rows, and decode
-        attention's FLOPs with :meth:`ShardShape.attention`'s operation order."""
-        ctx = self._decode_ctx(rows, context, count, stride)
-        if ctx is None:
-            return self._decode_attention_flops_slow(rows, context, count, stride)
-        return ctx, ctx * self._run[0]  # exact: see _decode_ctx
-
-    def _decode_ctx(self, rows: int, context: int, count: int, stride: int) -> np.ndarray | None:
-        """``context + rows + stride * arange(count)``, or None where a run's FLOPs or
-        bytes might not be integers below 2**53 (the fast path's exactness condition)."""
-        if not self._exact_run(rows, context, count, stride):
-            return None
-        first = context + rows
-        last = first + stride * (count - 1)
-        if stride:
-            return _arange(first, last + stride, stride, dtype=np.int64)
-        return np.full(count, first, dtype=np.int64)
-
-    def _exact_run(self, rows: int, context: int, count: int, stride: int) -> bool:
-        """Whether the fast path prices this run: every step's FLOPs and bytes are
-        integers below 2**53 (exact as doubles in any order of operations)."""
-        bound = self._run_bound
-        if bound is None or type(context) is not int or type(rows) is not int or type(stride) is not int:
-            return False
-        first = context + rows
-        last = first + stride * (count - 1)
-        return first >= 1 and stride >= 0 and last * bound[0] + rows * bound[1] < _EXACT
-
-    def _decode_attention_flops_slow(self, rows: int, context: int, count: int, stride: int):
-        ctx = context + rows + stride * np.arange(count, dtype=np.int64)
-        m, sh = self.model, self.shard
-        return ctx, m.num_hidden_layers * 4.0 * ctx * sh.heads * m.head_dim
 
     def _roofline(self, w: Work) -> tuple[float, float, int]:
         """(compute time, memory time, out-of-range 0/1) of ``w``, summed over its kernels."""

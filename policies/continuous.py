@@ -9,7 +9,8 @@ whole in one step. ``prefill_mode`` picks how prefills meet decodes:
   step is prefill-only and running decodes pause; otherwise it is a
   decode-only step. This is the "prefill stall" that chunked prefill fixes.
 - ``mixed`` (Orca): decodes first, then whole prompts into the token budget
-  and sequence slots left, in the same step.
+  and sequence slots left, in the same step. As in vLLM, a step that had to
+  preempt admits nobody: the victims would come straight back and thrash.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from policies.base import PolicyBase, PolicyConfig
-from policies.ordering import QUEUE_ORDERS
+from policies.base import PolicyConfig
+from policies.recipe import IterationRecipe, Move
 from policies.registry import register
-from policies.step import IterationConfig, StepBuilder
-from sim.protocols import ReplicaView
-from sim.types import BatchPlan
+from policies.rules import RecipePolicy
+from policies.step import IterationConfig
 
-__all__ = ["ContinuousConfig", "ContinuousPolicy"]
+__all__ = ["ContinuousConfig", "ContinuousPolicy", "MOVES"]
+
+# The order of moves in one step, by prefill_mode (policies/recipe.py).
+MOVES: dict[str, tuple[Move, ...]] = {
+    "separate": (Move("admit"), Move("decodes", unless=("rows",))),
+    "mixed": (Move("decodes"), Move("admit", unless=("preempted",))),
+}
 
 
 class ContinuousConfig(IterationConfig):
@@ -37,29 +43,14 @@ class ContinuousConfig(IterationConfig):
 
 
 @register("continuous")
-class ContinuousPolicy(PolicyBase):
+class ContinuousPolicy(RecipePolicy):
     """Iteration-level batching with whole-prompt prefills and preemption by recompute."""
 
-    decode_cohort: ClassVar[bool] = True  # plans through StepBuilder (see sim.cohort)
-    # with nothing waiting and only plain decodes running, a completion leaves the
-    # decodes of the others unchanged (sim.engine runs on through it)
-    steady_through_completions: ClassVar[bool] = True
     Config: ClassVar[type[PolicyConfig]] = ContinuousConfig
     config: ContinuousConfig
 
-    def schedule(self, view: ReplicaView) -> BatchPlan:
-        """Fill one step: prefill-only else decodes (separate), or decodes then prefills (mixed)."""
+    def make_recipe(self) -> IterationRecipe:
+        """Prefill-only else decodes (separate), or decodes then prefills (mixed)."""
         cfg = self.config
-        step = StepBuilder(view, cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        queue = QUEUE_ORDERS[cfg.order](view.waiting)
-        if cfg.prefill_mode == "separate":
-            step.admit(queue, chunked=False)
-            if not step.num_tokens:
-                step.schedule_decodes()
-        else:
-            step.schedule_decodes()
-            # NOTE: as in vLLM, a step that had to preempt admits nobody: the
-            # victims would come straight back and thrash.
-            if not step.preempted:
-                step.admit(queue, chunked=False)
-        return step.plan(steady=True)
+        return IterationRecipe(moves=MOVES[cfg.prefill_mode], max_num_seqs=cfg.max_num_seqs,
+                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order)

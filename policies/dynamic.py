@@ -15,9 +15,10 @@ from typing import Annotated, ClassVar
 from pydantic import Field, ValidationInfo, field_validator
 
 from policies.base import PolicyConfig
-from policies.padded import PaddedBatchConfig, PaddedBatchPolicy
+from policies.padded import PaddedBatchConfig
+from policies.recipe import PaddedRecipe
 from policies.registry import register
-from sim.protocols import ReplicaView
+from policies.rules import RecipePolicy
 
 __all__ = ["DynamicConfig", "DynamicPolicy"]
 
@@ -43,21 +44,15 @@ class DynamicConfig(PaddedBatchConfig):
 
 
 @register("dynamic")
-class DynamicPolicy(PaddedBatchPolicy):
+class DynamicPolicy(RecipePolicy):
     """Padded batches launched by Triton's preferred-size / queue-delay rule."""
 
     Config: ClassVar[type[PolicyConfig]] = DynamicConfig
     config: DynamicConfig
 
-    def launch_size(self, view: ReplicaView) -> tuple[int, float | None]:
-        """Max size, else largest preferred size that fits, else all after the delay; else wake then."""
-        n, cfg = len(view.waiting), self.config
-        if n == 0:
-            return 0, None
-        if n >= cfg.max_batch_size:
-            return cfg.max_batch_size, None
-        fits = [b for b in cfg.preferred_batch_sizes if b <= n]
-        if fits:
-            return max(fits), None
-        deadline = view.waiting[0].arrival + cfg.max_queue_delay_s
-        return (n, None) if view.now >= deadline else (0, deadline)
+    def make_recipe(self) -> PaddedRecipe:
+        """Max size, else the largest preferred size that fits, else all after the delay."""
+        cfg = self.config
+        return PaddedRecipe(max_batch_size=cfg.max_batch_size,
+                            preferred_batch_sizes=tuple(cfg.preferred_batch_sizes),
+                            max_queue_delay_s=cfg.max_queue_delay_s, complete_at=cfg.complete_at)

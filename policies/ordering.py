@@ -13,7 +13,7 @@ from typing import Callable, Literal, Sequence
 
 from sim.protocols import SeqView
 
-__all__ = ["QueueOrder", "QUEUE_ORDERS", "fcfs", "shortest_prompt_first", "last_admitted"]
+__all__ = ["QueueOrder", "QUEUE_ORDERS", "VICTIM_RULES", "fcfs", "shortest_prompt_first", "last_admitted"]
 
 QueueOrder = Literal["fcfs", "shortest_prompt_first"]
 
@@ -46,3 +46,8 @@ QUEUE_ORDERS: dict[str, Callable[[Sequence[SeqView]], Sequence[SeqView]]] = {
 def last_admitted(running: Sequence[SeqView]) -> SeqView:
     """vLLM's preemption victim: the most recently admitted (last in admission order)."""
     return running[-1]
+
+
+VICTIM_RULES: dict[str, Callable[[Sequence[SeqView]], SeqView]] = {
+    "last_admitted": last_admitted,
+}

@@ -4,8 +4,9 @@ A padded batch is formed once, prefilled once and decoded in lockstep until
 its last member finishes, the way a server without iteration-level
 scheduling runs (HuggingFace ``generate`` on a batch; Triton's dynamic
 batcher in front of such a model). Static and dynamic batching differ only
-in *when* a batch launches (:meth:`PaddedBatchPolicy.launch_size`); this
-module does everything else:
+in *when* a batch launches (their :class:`~policies.recipe.PaddedRecipe`,
+read by :func:`launch_size`); :func:`run_padded` interprets that recipe and
+does everything else:
 
 - launch: the FCFS prefix of the waiting queue (at most the launch size,
   shrunk until its reservation fits the free KV blocks); every member's whole
@@ -20,22 +21,24 @@ module does everything else:
   in the same plan.
 
 The batch in flight is read from the view (``running`` is exactly the
-batch), so the policy keeps no state that could drift from the engine's.
+batch), so the policy keeps no state that could drift from the engine's. The
+compiled core (sim/_core.c) interprets the same recipes the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from itertools import islice
-from typing import ClassVar, Literal, Sequence
+from typing import Literal, Sequence
 
 from pydantic import Field
 
-from policies.base import PolicyBase, PolicyConfig, held_blocks
+from policies.base import PolicyConfig, held_blocks
+from policies.recipe import PaddedRecipe
 from sim.protocols import KVView, ReplicaView, SeqView
 from sim.types import BatchPlan
 
-__all__ = ["PaddedBatchConfig", "PaddedBatchPolicy", "reserve_tokens"]
+__all__ = ["PaddedBatchConfig", "launch_size", "reserve_tokens", "run_padded"]
 
 
 class PaddedBatchConfig(PolicyConfig):
@@ -72,59 +75,67 @@ def fit_prefix(kv: KVView, candidates: Sequence[SeqView], free: int) -> list[Seq
     return best
 
 
-class PaddedBatchPolicy(PolicyBase):
-    """Runs one padded batch at a time; subclasses decide when it launches."""
+def launch_size(recipe: PaddedRecipe, view: ReplicaView) -> tuple[int, float | None]:
+    """How many waiting requests to launch now (0: not yet) and, if not, when to look again.
 
-    # a finished member is billed as a dead slot exactly like its live row (one token
-    # over the padded context), so a completion leaves the decode step's billed shape
-    # unchanged (sim.runs goes on through completions to the batch's end)
-    steady_dead_slots: ClassVar[bool] = True
-    config: PaddedBatchConfig
+    The recipe's rule: ``max_batch_size`` once that many wait; else the
+    largest preferred size the queue can fill; else everyone once the oldest
+    has waited ``max_queue_delay_s`` (at once when that is 0).
+    """
+    n, top = len(view.waiting), recipe.max_batch_size
+    if n == 0:
+        return 0, None
+    if n >= top:
+        return top, None
+    fits = [b for b in recipe.preferred_batch_sizes if b <= n]
+    if fits:
+        return max(fits), None
+    if recipe.max_queue_delay_s == 0:
+        return n, None
+    deadline = view.waiting[0].arrival + recipe.max_queue_delay_s
+    return (n, None) if view.now >= deadline else (0, deadline)
 
-    def launch_size(self, view: ReplicaView) -> tuple[int, float | None]:
-        """How many waiting requests to launch now (0: not yet) and, if not, when to look again."""
-        raise NotImplementedError
 
-    def schedule(self, view: ReplicaView) -> BatchPlan:
-        """Decode the batch in flight; once it has finished, release it and launch the next."""
-        batch = list(view.running)
-        if any(not s.finished for s in batch):
-            return self._decode(batch)
-        if not batch:
-            return self._launch(view, view.kv.free_blocks)
-        target = reserve_tokens(batch)
-        freed = sum(held_blocks(view.kv, s, target) for s in batch)
-        plan = self._launch(view, view.kv.free_blocks + freed)
-        return replace(plan, release=tuple(s.rid for s in batch),
-                       complete_on_release=self.config.complete_at == "batch_end")
+def run_padded(recipe: PaddedRecipe, view: ReplicaView) -> BatchPlan:
+    """Decode the batch in flight; once it has finished, release it and launch the next."""
+    batch = list(view.running)
+    if any(not s.finished for s in batch):
+        return _decode(batch)
+    if not batch:
+        return _launch(recipe, view, view.kv.free_blocks)
+    target = reserve_tokens(batch)
+    freed = sum(held_blocks(view.kv, s, target) for s in batch)
+    plan = _launch(recipe, view, view.kv.free_blocks + freed)
+    return replace(plan, release=tuple(s.rid for s in batch),
+                   complete_on_release=recipe.complete_at == "batch_end")
 
-    def _decode(self, batch: list[SeqView]) -> BatchPlan:
-        """One lockstep decode: live members advance, finished ones bill dead-slot rows."""
-        longest = max(s.prompt_tokens for s in batch)
-        t = max(s.num_generated for s in batch) - 1  # decode steps already run
-        live = [s for s in batch if not s.finished]
-        return BatchPlan(
-            num_tokens={s.rid: 1 for s in live},
-            # every row of the padded tensor attends over the padded length
-            context={s.rid: longest + t for s in live if s.num_computed != longest + t},
-            padding=tuple((1, longest + t, True) for s in batch if s.finished),
-            hold_finished=True,
-            # the same rows one token further on until a member finishes, whatever arrives
-            steady=True, steady_through_arrivals=True,
-        )
 
-    def _launch(self, view: ReplicaView, free: int) -> BatchPlan:
-        """Start a batch if the launch rule says so and its head fits the cache."""
-        n, idle_until = self.launch_size(view)
-        members = fit_prefix(view.kv, list(islice(view.waiting, n)), free) if n else []
-        if not members:
-            return BatchPlan(idle_until=idle_until)
-        longest = max(s.prompt_tokens for s in members)
-        target = reserve_tokens(members)
-        return BatchPlan(
-            num_tokens={s.rid: s.pending for s in members},
-            reserve={s.rid: target for s in members},
-            padding=tuple((longest - s.prompt_tokens, s.prompt_tokens, False)
-                          for s in members if s.prompt_tokens < longest),
-            hold_finished=True,
-        )
+def _decode(batch: list[SeqView]) -> BatchPlan:
+    """One lockstep decode: live members advance, finished ones bill dead-slot rows."""
+    longest = max(s.prompt_tokens for s in batch)
+    t = max(s.num_generated for s in batch) - 1  # decode steps already run
+    live = [s for s in batch if not s.finished]
+    return BatchPlan(
+        num_tokens={s.rid: 1 for s in live},
+        # every row of the padded tensor attends over the padded length
+        context={s.rid: longest + t for s in live if s.num_computed != longest + t},
+        padding=tuple((1, longest + t, True) for s in batch if s.finished),
+        hold_finished=True,
+    )
+
+
+def _launch(recipe: PaddedRecipe, view: ReplicaView, free: int) -> BatchPlan:
+    """Start a batch if the launch rule says so and its head fits the cache."""
+    n, idle_until = launch_size(recipe, view)
+    members = fit_prefix(view.kv, list(islice(view.waiting, n)), free) if n else []
+    if not members:
+        return BatchPlan(idle_until=idle_until)
+    longest = max(s.prompt_tokens for s in members)
+    target = reserve_tokens(members)
+    return BatchPlan(
+        num_tokens={s.rid: s.pending for s in members},
+        reserve={s.rid: target for s in members},
+        padding=tuple((longest - s.prompt_tokens, s.prompt_tokens, False)
+                      for s in members if s.prompt_tokens < longest),
+        hold_finished=True,
+    )

@@ -14,9 +14,10 @@ from typing import ClassVar
 from pydantic import Field
 
 from policies.base import PolicyConfig
-from policies.padded import PaddedBatchConfig, PaddedBatchPolicy
+from policies.padded import PaddedBatchConfig
+from policies.recipe import PaddedRecipe
 from policies.registry import register
-from sim.protocols import ReplicaView
+from policies.rules import RecipePolicy
 
 __all__ = ["StaticConfig", "StaticPolicy"]
 
@@ -29,18 +30,14 @@ class StaticConfig(PaddedBatchConfig):
 
 
 @register("static")
-class StaticPolicy(PaddedBatchPolicy):
+class StaticPolicy(RecipePolicy):
     """Fixed-size padded batches, launched when full or on timeout."""
 
     Config: ClassVar[type[PolicyConfig]] = StaticConfig
     config: StaticConfig
 
-    def launch_size(self, view: ReplicaView) -> tuple[int, float | None]:
-        """B if B wait (or no timeout); all waiting once the oldest timed out; else wake then."""
-        n, cfg = len(view.waiting), self.config
-        if n == 0:
-            return 0, None
-        if n >= cfg.max_batch_size or cfg.timeout_s == 0:
-            return min(n, cfg.max_batch_size), None
-        deadline = view.waiting[0].arrival + cfg.timeout_s
-        return (n, None) if view.now >= deadline else (0, deadline)
+    def make_recipe(self) -> PaddedRecipe:
+        """B if B wait; all waiting once the oldest waited ``timeout_s``; no preferred sizes."""
+        cfg = self.config
+        return PaddedRecipe(max_batch_size=cfg.max_batch_size, max_queue_delay_s=cfg.timeout_s,
+                            complete_at=cfg.complete_at)

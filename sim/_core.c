@@ -33,11 +33,33 @@
 #define CORE_ERR_NOMEM (-3)
 #define CORE_ERR_IDLE (-4)      /* a policy asked to idle until a time not after now */
 
-#define POL_SEPARATE 0
-#define POL_MIXED 1
-#define POL_CHUNKED 2
-#define POL_STATIC 3
-#define POL_DYNAMIC 4
+/* A built-in policy's recipe (policies/recipe.py), as sim/core.py's CoreRecipe hands it over. */
+#define MV_DECODES 0
+#define MV_PARTIAL_PREFILLS 1
+#define MV_ADMIT 2
+#define MV_ADMIT_CHUNKS 3
+#define UNLESS_ROWS 1
+#define UNLESS_PREEMPTED 2
+#define UNLESS_STALLED 4
+#define ORDER_FCFS 0
+#define ORDER_SPF 1
+#define VICTIM_LAST_ADMITTED 0
+#define MAX_MOVES 16
+#define MAX_PREF 64
+
+typedef struct {
+    int64_t padded;                  /* 0: IterationRecipe, 1: PaddedRecipe */
+    int64_t n_moves;                 /* IterationRecipe.moves, in order */
+    int64_t move_kind[MAX_MOVES];    /* MV_* */
+    int64_t move_unless[MAX_MOVES];  /* UNLESS_* bits */
+    int64_t order, victim;           /* ORDER_*, VICTIM_* */
+    int64_t max_num_seqs;            /* IterationRecipe.max_num_seqs, or PaddedRecipe.max_batch_size */
+    int64_t max_num_batched_tokens;  /* 0 for padded recipes */
+    int64_t n_pref;                  /* PaddedRecipe.preferred_batch_sizes */
+    int64_t pref[MAX_PREF];
+    double max_queue_delay_s;
+    int64_t batch_end;               /* complete_at == batch_end */
+} core_recipe_t;
 
 #define R_ROUND_ROBIN 0
 #define R_LEAST_OUTSTANDING 1
@@ -160,12 +182,9 @@ typedef struct {
 
 typedef struct {
     /* configuration */
-    int64_t n_req, n_rep, policy, max_seqs, cap, bs, max_model_len, max_queue_len, router;
-    /* static / dynamic: timeout (max_queue_delay_s), complete_at batch_end, preferred batch sizes */
-    double launch_delay;
-    int batch_end, sfp;
-    int64_t npref;
-    int64_t pref[64];
+    int64_t n_req, n_rep, max_seqs, cap, bs, max_model_len, max_queue_len, router;
+    core_recipe_t rc;  /* the policy's recipe */
+    int padded, sfp;   /* rc.padded, rc.order == ORDER_SPF */
     int has_horizon;
     double horizon;
     int64_t step_cap, gap_cap;
@@ -483,21 +502,18 @@ static int schedule_partial_prefills(core_t *s, replica_t *r, builder_t *b) {
     return 1;
 }
 
-/* policies/padded.py: PaddedBatchPolicy.launch_size of static and dynamic batching */
+/* policies/padded.py launch_size: the PaddedRecipe's launch rule */
 static int64_t launch_size(core_t *s, replica_t *r, int *has_until, double *until) {
     int64_t n = r->wlen, B = s->max_seqs;
     *has_until = 0;
     if (n == 0) return 0;
-    if (s->policy == POL_STATIC) {
-        if (n >= B || s->launch_delay == 0.0) return n < B ? n : B;
-    } else {
-        if (n >= B) return B;
-        int64_t best = 0;
-        for (int64_t i = 0; i < s->npref; i++)
-            if (s->pref[i] <= n && s->pref[i] > best) best = s->pref[i];
-        if (best) return best;
-    }
-    double deadline = s->arrival[wq_at(r, 0)] + s->launch_delay;
+    if (n >= B) return B;
+    int64_t best = 0;
+    for (int64_t i = 0; i < s->rc.n_pref; i++)
+        if (s->rc.pref[i] <= n && s->rc.pref[i] > best) best = s->rc.pref[i];
+    if (best) return best;
+    if (s->rc.max_queue_delay_s == 0.0) return n;
+    double deadline = s->arrival[wq_at(r, 0)] + s->rc.max_queue_delay_s;
     if (s->now >= deadline) return n;
     *has_until = 1;
     *until = deadline;
@@ -547,7 +563,7 @@ static void padded_launch(core_t *s, replica_t *r, int64_t free) {
 }
 
 static void padded_plan(core_t *s, replica_t *r) {
-    /* PaddedBatchPolicy.schedule */
+    /* policies/padded.py run_padded */
     int any_live = 0;
     for (int64_t i = 0; i < r->nrun; i++)
         if (!s->finished[r->run[i]]) { any_live = 1; break; }
@@ -587,32 +603,36 @@ static void padded_plan(core_t *s, replica_t *r) {
         r->rel[r->nrel++] = r->run[i];
     }
     padded_launch(s, r, r->total_blocks - r->used + freed);
-    r->complete_on_release = s->batch_end;
+    r->complete_on_release = (int)s->rc.batch_end;
 }
 
 static void plan(core_t *s, replica_t *r) {
+    /* policies/rules.py interpret: run_padded, or run_iteration's moves in order under their guards */
     builder_t b;
     s->epoch++;
     r->nrows = r->npre = r->nrej = r->nrel = r->npad = r->nbilled = 0;
     r->complete_on_release = r->hold_finished = r->has_idle_until = 0;
     r->reserve = 0;
     r->billed = -1;
-    if (s->policy == POL_STATIC || s->policy == POL_DYNAMIC) {
+    if (s->padded) {
         padded_plan(s, r);
         return;
     }
     b.budget = s->cap;
     b.free = r->total_blocks - r->used;
     b.slots = s->max_seqs - r->nrun;
-    if (s->policy == POL_SEPARATE) {
-        admit(s, r, &b, 0);
-        if (!r->nrows) schedule_decodes(s, r, &b);
-    } else if (s->policy == POL_MIXED) {
-        schedule_decodes(s, r, &b);
-        if (!r->npre) admit(s, r, &b, 0);
-    } else {
-        schedule_decodes(s, r, &b);
-        if (schedule_partial_prefills(s, r, &b) && !r->npre) admit(s, r, &b, 1);
+    int stalled = 0;
+    for (int64_t m = 0; m < s->rc.n_moves; m++) {
+        int64_t unless = s->rc.move_unless[m];
+        if (((unless & UNLESS_ROWS) && r->nrows) || ((unless & UNLESS_PREEMPTED) && r->npre)
+            || ((unless & UNLESS_STALLED) && stalled))
+            continue;
+        switch (s->rc.move_kind[m]) {
+        case MV_DECODES: schedule_decodes(s, r, &b); break;
+        case MV_PARTIAL_PREFILLS: if (!schedule_partial_prefills(s, r, &b)) stalled = 1; break;
+        case MV_ADMIT: admit(s, r, &b, 0); break;
+        default: admit(s, r, &b, 1); break;
+        }
     }
     /* victims in admission order (StepBuilder.plan): running is in admission order */
     if (r->npre > 1) {
@@ -1127,17 +1147,21 @@ void core_free(core_t *s) {
 core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
                  int64_t *req_i, double *req_f, const int64_t *blocks,
-                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap, const int64_t *pairs) {
+                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap, const int64_t *pairs,
+                 const core_recipe_t *recipe) {
+    if (recipe->n_moves < 0 || recipe->n_moves > MAX_MOVES || recipe->n_pref < 0 || recipe->n_pref > MAX_PREF)
+        return NULL;
     core_t *s = (core_t *)calloc(1, sizeof(core_t));
     if (!s) return NULL;
-    s->n_req = ip[0]; s->n_rep = ip[1]; s->policy = ip[2]; s->max_seqs = ip[3]; s->cap = ip[4];
+    s->rc = *recipe;
+    s->padded = (int)recipe->padded;
+    s->sfp = recipe->order == ORDER_SPF;
+    s->max_seqs = recipe->max_num_seqs;
+    s->cap = recipe->max_num_batched_tokens;
+    s->n_req = ip[0]; s->n_rep = ip[1];
     s->bs = ip[5]; s->max_model_len = ip[7]; s->max_queue_len = ip[8]; s->router = ip[9];
     s->has_horizon = (int)ip[10]; s->L = ip[11]; s->h = ip[12]; s->dh = ip[13]; s->tp = ip[14];
     s->step_cap = ip[15]; s->gap_cap = ip[16]; s->pre_has_range = (int)ip[17]; s->dec_has_range = (int)ip[18];
-    s->batch_end = (int)ip[19]; s->npref = ip[20];
-    for (int64_t i = 0; i < s->npref && i < 64; i++) s->pref[i] = ip[21 + i];
-    s->launch_delay = dp[18];
-    s->sfp = (int)ip[129];
     s->horizon = dp[0]; s->L4 = dp[1]; s->kv_elt = dp[2]; s->qo = dp[3]; s->peak = dp[4]; s->bw = dp[5];
     s->l_launch = dp[6]; s->host0 = dp[7]; s->host1 = dp[8]; s->host0d = dp[9];
     for (int i = 0; i < 4; i++) { s->pre_range[i] = dp[10 + i]; s->dec_range[i] = dp[14 + i]; }
@@ -1258,6 +1282,173 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     if (s->has_horizon) s->eid++;  /* env.run(until=...): its stop event */
     return s;
 }
+
+/* BEGIN RULES FINGERPRINT (python -m sim.rules --update) */
+/* The rules this core implements: one hash per function (sim/rules.py). */
+static const char CORE_RULES[] =
+    "calibrate.costmodel.RooflineCostModel.__init__ add12f0cd290\n"
+    "calibrate.costmodel.RooflineCostModel._allreduce 0e8beb5fdfda\n"
+    "calibrate.costmodel.RooflineCostModel._dense 095d6eaf860b\n"
+    "calibrate.costmodel.RooflineCostModel._fold 662612abcdef\n"
+    "calibrate.costmodel.RooflineCostModel._merge aeff9b3ce4a6\n"
+    "calibrate.costmodel.RooflineCostModel._op 0a36da40a096\n"
+    "calibrate.costmodel.RooflineCostModel._precompute 40eb6a0e9ede\n"
+    "calibrate.costmodel.RooflineCostModel._price_fast cc591b2beae7\n"
+    "calibrate.costmodel.RooflineCostModel._price_slow b4cc4e8bfa79\n"
+    "calibrate.costmodel.RooflineCostModel._priced_breakdown c4d62e0d7289\n"
+    "calibrate.costmodel.RooflineCostModel._roofline b9b00c306a04\n"
+    "calibrate.costmodel.RooflineCostModel.gemm_seconds 871fc4f69c7b\n"
+    "calibrate.costmodel.RooflineCostModel.kv_capacity_blocks b71e2e48ad95\n"
+    "calibrate.costmodel.RooflineCostModel.kv_capacity_tokens 67b09bc59986\n"
+    "calibrate.costmodel.RooflineCostModel.price 8df81ecb09b7\n"
+    "calibrate.costmodel._denominator 54f69c7d7444\n"
+    "calibrate.costmodel._make_step_cost 3e36dadb65c8\n"
+    "calibrate.costmodel._ones 65c843ac32dc\n"
+    "calibrate.costmodel._step_cost 0a126dd769bd\n"
+    "calibrate.curves.ClassEfficiency.__init__ 8850ef63eac3\n"
+    "calibrate.curves.ClassEfficiency.measured.get 84237e706870\n"
+    "calibrate.curves.ClassEfficiency.out_of_range 8c0675652fdc\n"
+    "calibrate.curves.Curve.__call__ 094c3e37aec6\n"
+    "calibrate.curves.Curve.__init__ 5d8492106078\n"
+    "calibrate.work.ShardShape.__delattr__ 8a8de823d5ed\n"
+    "calibrate.work.ShardShape.__eq__ 8a8de823d5ed\n"
+    "calibrate.work.ShardShape.__hash__ 8a8de823d5ed\n"
+    "calibrate.work.ShardShape.__init__ 8a8de823d5ed\n"
+    "calibrate.work.ShardShape.__repr__ 8a8de823d5ed\n"
+    "calibrate.work.ShardShape.__setattr__ 8a8de823d5ed\n"
+    "calibrate.work.ShardShape._mlp 6085c007020d\n"
+    "calibrate.work.ShardShape._moe 3e0d8ffb2057\n"
+    "calibrate.work.ShardShape.activation_bytes a36e2ab65191\n"
+    "calibrate.work.ShardShape.allreduce_bytes 0b7c72726e1b\n"
+    "calibrate.work.ShardShape.attention be4e7c3fa6c2\n"
+    "calibrate.work.ShardShape.dense 63371f79708e\n"
+    "calibrate.work.ShardShape.gemm 7e843e310822\n"
+    "calibrate.work.ShardShape.heads.get c78da37d998c\n"
+    "calibrate.work.ShardShape.kv_bytes_per_token.get 0f81bd5f0e3e\n"
+    "calibrate.work.ShardShape.kv_heads.get c623dff4f55a\n"
+    "calibrate.work.ShardShape.lm_head c506c3c2d2bf\n"
+    "calibrate.work.ShardShape.mlp_width.get 22b83ac47c7a\n"
+    "calibrate.work.ShardShape.of f63cf8c4e044\n"
+    "calibrate.work.ShardShape.qkv_width.get 172dd9bafc0b\n"
+    "calibrate.work.ShardShape.touched_experts 0d0f4e0fa1ce\n"
+    "calibrate.work.ShardShape.vocab.get 97203093a679\n"
+    "calibrate.work.ShardShape.weight_bytes 8c684e82968f\n"
+    "calibrate.work.Work.__getnewargs__ 17522e64f91c\n"
+    "calibrate.work.Work.__new__ 8a8de823d5ed\n"
+    "calibrate.work.Work.__repr__ a2ff3399721d\n"
+    "calibrate.work.Work._asdict 103b0b6c7253\n"
+    "calibrate.work.Work._make 1ef034e3cb8f\n"
+    "calibrate.work.Work._replace 63a2adfedb03\n"
+    "policies.base.PolicyBase.__init__ d619400d54df\n"
+    "policies.base.PolicyBase.__repr__ 7f816b2bfa2f\n"
+    "policies.base.PolicyConfig.__hash__ 1ea0916e185c\n"
+    "policies.base.blocks_for 5018db29fe49\n"
+    "policies.base.held_blocks fc430b999db0\n"
+    "policies.ordering.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
+    "policies.ordering.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
+    "policies.ordering.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
+    "policies.ordering.fcfs 3a680781d8d8\n"
+    "policies.ordering.last_admitted d22a48bbf70c\n"
+    "policies.ordering.shortest_prompt_first f34aea5ac454\n"
+    "policies.padded.PaddedBatchConfig.__hash__ 1ea0916e185c\n"
+    "policies.padded._decode 5f269d675335\n"
+    "policies.padded._launch be06d613e958\n"
+    "policies.padded.fit_prefix b54350b8829b\n"
+    "policies.padded.launch_size 053c8f9dfc21\n"
+    "policies.padded.reserve_tokens 91b498b574bd\n"
+    "policies.padded.run_padded 2b60b73d524b\n"
+    "policies.recipe.IterationRecipe.__delattr__ 8a8de823d5ed\n"
+    "policies.recipe.IterationRecipe.__eq__ 8a8de823d5ed\n"
+    "policies.recipe.IterationRecipe.__hash__ 8a8de823d5ed\n"
+    "policies.recipe.IterationRecipe.__init__ 8a8de823d5ed\n"
+    "policies.recipe.IterationRecipe.__post_init__ 0498dd1284f9\n"
+    "policies.recipe.IterationRecipe.__repr__ 8a8de823d5ed\n"
+    "policies.recipe.IterationRecipe.__setattr__ 8a8de823d5ed\n"
+    "policies.recipe.Move.__delattr__ 8a8de823d5ed\n"
+    "policies.recipe.Move.__eq__ 8a8de823d5ed\n"
+    "policies.recipe.Move.__hash__ 8a8de823d5ed\n"
+    "policies.recipe.Move.__init__ 8a8de823d5ed\n"
+    "policies.recipe.Move.__post_init__ 77a804de13dc\n"
+    "policies.recipe.Move.__repr__ 8a8de823d5ed\n"
+    "policies.recipe.Move.__setattr__ 8a8de823d5ed\n"
+    "policies.recipe.PaddedRecipe.__delattr__ 8a8de823d5ed\n"
+    "policies.recipe.PaddedRecipe.__eq__ 8a8de823d5ed\n"
+    "policies.recipe.PaddedRecipe.__hash__ 8a8de823d5ed\n"
+    "policies.recipe.PaddedRecipe.__init__ 8a8de823d5ed\n"
+    "policies.recipe.PaddedRecipe.__post_init__ fede5fb47de3\n"
+    "policies.recipe.PaddedRecipe.__repr__ 8a8de823d5ed\n"
+    "policies.recipe.PaddedRecipe.__setattr__ 8a8de823d5ed\n"
+    "policies.recipe._one_of 4807f029c567\n"
+    "policies.recipe._positive_int 2fc0431fea59\n"
+    "policies.rules.RecipePolicy.__init__ d2276e39bfe6\n"
+    "policies.rules.RecipePolicy.make_recipe 9a0a8dadd801\n"
+    "policies.rules.RecipePolicy.schedule 2c354dc0661b\n"
+    "policies.rules.interpret 3a8b138511a5\n"
+    "policies.step.IterationConfig.__hash__ 1ea0916e185c\n"
+    "policies.step.IterationConfig._budget_covers_decodes b4f4625fe70b\n"
+    "policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
+    "policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
+    "policies.step.StepBuilder.__init__ 3535def14d8e\n"
+    "policies.step.StepBuilder._preempt 0344c4a94cde\n"
+    "policies.step.StepBuilder._try c350f2cf06bb\n"
+    "policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
+    "policies.step.StepBuilder.admit f53132c3ecaa\n"
+    "policies.step.StepBuilder.plan 48934a4cc90c\n"
+    "policies.step.StepBuilder.schedule_decodes 810eba15e961\n"
+    "policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
+    "policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
+    "policies.step.over_budget ea39c77b4d54\n"
+    "policies.step.run_iteration 38c0c89ace55\n"
+    "sim.engine.Cluster.__init__ 236426a0734d\n"
+    "sim.engine.Cluster._arrivals c7f9cce2ea97\n"
+    "sim.engine.Replica.__init__ 8bfadbad2030\n"
+    "sim.engine.Replica._admit 7c7e02e44450\n"
+    "sim.engine.Replica._advance 07b69dff8d8b\n"
+    "sim.engine.Replica._grow_and_shape cc754fc57070\n"
+    "sim.engine.Replica._idle f5ada59026bc\n"
+    "sim.engine.Replica._loop ea8449c14563\n"
+    "sim.engine.Replica._peek f05a35a4f760\n"
+    "sim.engine.Replica._record 2fe2cc00c58f\n"
+    "sim.engine.Replica._take_from_waiting 7868674d9ab0\n"
+    "sim.engine.Replica.enqueue c89083ffc477\n"
+    "sim.engine.Replica.price 2975229b1248\n"
+    "sim.engine.Replica.reject 9c472c42e531\n"
+    "sim.engine._View.__init__ 8f4c63efc521\n"
+    "sim.engine._View.now.get 92b77f3accfa\n"
+    "sim.engine.over_kv eab0f554f755\n"
+    "sim.engine.queue_full 8e4b1697f65d\n"
+    "sim.engine.too_long 4ba2fcb68d87\n"
+    "sim.kv.PagedKVCache.__init__ 132f3c854e92\n"
+    "sim.kv.PagedKVCache.blocks_held 5ebdd9f0383f\n"
+    "sim.kv.PagedKVCache.blocks_needed daee28452576\n"
+    "sim.kv.PagedKVCache.free ff5ae33c85f0\n"
+    "sim.kv.PagedKVCache.free_blocks.get 8c8cc98b1b58\n"
+    "sim.kv.PagedKVCache.grow 7f20e5173318\n"
+    "sim.kv.PagedKVCache.growth_needed 210e22c00c30\n"
+    "sim.kv.PagedKVCache.held 19ff0a9bfd77\n"
+    "sim.kv.PagedKVCache.peek 93e2776162ec\n"
+    "sim.kv.PagedKVCache.pin 2c27184c27cc\n"
+    "sim.kv.PagedKVCache.register b0044beb859a\n"
+    "sim.kv.PagedKVCache.used_blocks.get a1c43f54f0fe\n"
+    "sim.kv.blocks_for_tokens a852f7969700\n"
+    "sim.router.ROUTERS[least_kv] 95cee75a8018\n"
+    "sim.router.ROUTERS[least_outstanding] de76340b3497\n"
+    "sim.router.ROUTERS[power_of_two] fa9a65daf992\n"
+    "sim.router.ROUTERS[round_robin] 5d39de898559\n"
+    "sim.router._least_kv 95cee75a8018\n"
+    "sim.router._least_outstanding de76340b3497\n"
+    "sim.router._load d7636f60a3bf\n"
+    "sim.router._power_of_two fa9a65daf992\n"
+    "sim.router._round_robin 5d39de898559\n"
+    "sim.router.make_router 5a48ce78dd6e\n"
+    "sim.state.Seq.__init__ 2188dd07fa96\n"
+    "sim.state.Seq.__repr__ 56b2ea9d9ef7\n"
+    "sim.state.Seq.in_prefill.get ef6c7afb986e\n"
+    "sim.state.Seq.pending.get 67bb2374dcaa\n";
+/* END RULES FINGERPRINT */
+
+/* The rules this core implements (sim/rules.py compares them with the loaded Python). */
+const char *core_rules(void) { return CORE_RULES; }
 
 /* The dense totals the core computes itself (tests compare them with Python's). */
 void core_dense(core_t *s, int64_t T, int64_t sampled, double *v) { dense_compute(s, T, sampled, v); }

@@ -13,10 +13,10 @@ running totals and a histogram, so memory no longer grows with the run:
 
 Determinism: each replica's records are reduced in fixed chunks of its own
 steps (and of its own gaps), then chunk sums are added in order and replicas
-in index order. A fast-forwarded run appends the same records in the same
-per-replica order as step by step, only in blocks, and blocks are split at
-chunk boundaries, so every total is bit-identical with fast-forward on or off
-and across replica interleavings.
+in index order. Records arrive per replica in step order, one step or (from
+the compiled core) one block at a time, and blocks are split at chunk
+boundaries, so every total is bit-identical across engines and replica
+interleavings.
 
 What differs from full records: no steps.csv and no per-gap frame (reports
 that plot ITL distributions need full records), and a request counts for ITL

@@ -73,8 +73,6 @@ class Scenario(BaseModel):
     horizon_s: float | None = Field(None, gt=0, description="stop the simulation at this time")
     max_queue_len: int | None = Field(None, ge=1, description="reject arrivals beyond this many waiting per replica")
     measure: MeasureConfig = Field(default_factory=MeasureConfig)
-    fast_forward: bool = Field(True, description="price and apply runs of steady decode steps in one "
-                                                 "event (exact: the same records as step by step)")
     engine: Literal["auto", "python", "core"] = Field(
         "auto", description="auto: the compiled core (sim/_core.c) when it covers the scenario and a C "
                             "compiler is at hand, else the Python engine; python; core (an error if it "
@@ -206,6 +204,9 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     """Validate a scenario mapping; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", source)
+    if "fast_forward" in data:
+        raise InputError("fast_forward: this field was removed (the Python engine runs step by step; "
+                         "engine: auto picks the compiled core, the fast one); delete it", source)
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:

@@ -1,17 +1,23 @@
 """The compiled core: sim/_core.c, built on first use and driven through ctypes.
 
-The Python engine (sim.engine, with fast-forward and the decode cohort) runs
-any policy, router, cost model and KV cache. For the common case, the four
-built-in policies without a prefix cache, any built-in router and the
-roofline cost model, ``sim/_core.c`` runs the same step-by-step
+The SimPy engine (sim.engine) runs any policy, router, cost model and KV
+cache, and is the reference. For a policy whose rules are a recipe
+(policies/recipe.py: the four built-ins, or any ``RecipePolicy``) without a
+prefix cache, any built-in router and the roofline cost model,
+``sim/_core.c`` interprets the same recipe with the same step-by-step
 semantics in C, 10-40x faster (docs/performance.md). Its records are
-byte-identical to the Python engine's (tests/test_core.py compares whole
+byte-identical to the SimPy engine's (tests/test_core.py compares whole
 runs); around the run (workload, cost model set-up, the power_of_two
 router's draws, MoE models' dense costs, record sinks, summary) Python does
 the rest.
 
-Which engine runs: ``Scenario.engine`` (``auto``: the core when the
-scenario is one it covers and a C compiler is at hand, else Python;
+The core runs a scenario only when it can show it runs the same rules
+(:func:`unsupported`): the policy's ``schedule`` is the shipped recipe
+interpreter, its recipe uses only moves, guards, orders and victim rules the
+core knows, and the loaded rules (sim.rules: interpreter, engine, KV,
+routers, cost model, monkeypatches included) match the fingerprint the core
+was written for. Which engine runs: ``Scenario.engine`` (``auto``: the core
+when it can, else the SimPy engine, with the reason in the summary;
 ``python``; ``core``: fail with the reason when it cannot). The library is
 compiled once per source version with ``$CC`` (default ``cc``) into
 ``$BATCHSIM_CACHE`` (default ``~/.cache/batchsim``), with
@@ -45,8 +51,22 @@ _FLAGS = ["-O2", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast
 
 _DONE, _FLUSH, _NEED_DENSE = 0, 1, 2
 _ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
-_POLICIES = {("continuous", "separate"): 0, ("continuous", "mixed"): 1, ("chunked_prefill", None): 2,
-             ("static", None): 3, ("dynamic", None): 4}
+_MOVES = {"decodes": 0, "partial_prefills": 1, "admit": 2, "admit_chunks": 3}
+_UNLESS = {"rows": 1, "preempted": 2, "stalled": 4}
+_ORDERS = {"fcfs": 0, "shortest_prompt_first": 1}
+_VICTIMS = {"last_admitted": 0}
+_MAX_MOVES, _MAX_PREF = 16, 64
+
+
+class CoreRecipe(ctypes.Structure):
+    """A policy's recipe as the core reads it (``core_recipe_t`` in sim/_core.c)."""
+
+    _fields_ = [("padded", ctypes.c_int64), ("n_moves", ctypes.c_int64),
+                ("move_kind", ctypes.c_int64 * _MAX_MOVES), ("move_unless", ctypes.c_int64 * _MAX_MOVES),
+                ("order", ctypes.c_int64), ("victim", ctypes.c_int64), ("max_num_seqs", ctypes.c_int64),
+                ("max_num_batched_tokens", ctypes.c_int64), ("n_pref", ctypes.c_int64),
+                ("pref", ctypes.c_int64 * _MAX_PREF), ("max_queue_delay_s", ctypes.c_double),
+                ("batch_end", ctypes.c_int64)]
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
 _COMPLETED, _REJECTED = 1, 2
@@ -121,7 +141,9 @@ def library() -> ctypes.CDLL | None:
         return None
     vp = ctypes.c_void_p
     lib.core_new.restype = vp
-    lib.core_new.argtypes = [vp] * 14
+    lib.core_new.argtypes = [vp] * 15
+    lib.core_rules.restype = ctypes.c_char_p
+    lib.core_rules.argtypes = []
     lib.core_run.restype = ctypes.c_int
     lib.core_run.argtypes = [vp]
     lib.core_put_dense.restype = ctypes.c_int
@@ -149,31 +171,83 @@ _BIG = 1 << 40  # integer knobs the core takes
 _TOKENS = 1 << 20  # tokens per request (prompt + output) and rows per step the core takes
 
 
+def recipe_struct(recipe) -> CoreRecipe | str:
+    """The recipe as the core reads it, or why the core cannot interpret it."""
+    from policies.recipe import IterationRecipe, PaddedRecipe
+
+    rc = CoreRecipe()
+    if isinstance(recipe, PaddedRecipe):
+        if len(recipe.preferred_batch_sizes) > _MAX_PREF:
+            return f"more than {_MAX_PREF} preferred batch sizes"
+        rc.padded, rc.max_num_seqs, rc.n_pref = 1, recipe.max_batch_size, len(recipe.preferred_batch_sizes)
+        for i, b in enumerate(recipe.preferred_batch_sizes):
+            rc.pref[i] = b
+        rc.max_queue_delay_s = float(recipe.max_queue_delay_s)
+        rc.batch_end = int(recipe.complete_at == "batch_end")
+        return rc
+    if not isinstance(recipe, IterationRecipe):
+        return f"a recipe of type {type(recipe).__name__} (the core reads IterationRecipe and PaddedRecipe)"
+    if len(recipe.moves) > _MAX_MOVES:
+        return f"a recipe of {len(recipe.moves)} moves (the core takes {_MAX_MOVES})"
+    for i, move in enumerate(recipe.moves):
+        unknown = [g for g in move.unless if g not in _UNLESS]
+        if move.kind not in _MOVES or unknown:
+            return f"recipe move {move!r} (the core knows {', '.join(_MOVES)} unless {', '.join(_UNLESS)})"
+        rc.move_kind[i] = _MOVES[move.kind]
+        rc.move_unless[i] = sum({_UNLESS[g] for g in move.unless})
+    if recipe.order not in _ORDERS:
+        return f"queue order {recipe.order!r} (the core runs {', '.join(_ORDERS)})"
+    if recipe.victim not in _VICTIMS:
+        return f"victim rule {recipe.victim!r} (the core runs {', '.join(_VICTIMS)})"
+    rc.n_moves, rc.order, rc.victim = len(recipe.moves), _ORDERS[recipe.order], _VICTIMS[recipe.victim]
+    rc.max_num_seqs, rc.max_num_batched_tokens = recipe.max_num_seqs, recipe.max_num_batched_tokens
+    return rc
+
+
+def rules_differ() -> list[str]:
+    """The rules (sim.rules names) whose loaded code differs from what the core implements
+    (empty when they agree; call after :func:`library` returned a library)."""
+    from sim import rules
+
+    lib = library()
+    if lib is None:  # pragma: no cover - callers check first
+        return []
+    return rules.differences(rules.parse_table(lib.core_rules().decode()))
+
+
+def _recipe_of(policy) -> tuple[object | None, str | None]:
+    """The policy's recipe when its ``schedule`` is the shipped interpreter, else why not."""
+    from policies.rules import RecipePolicy
+
+    name = getattr(policy, "name", type(policy).__name__)
+    if not isinstance(policy, RecipePolicy):
+        return None, f"policy {name!r} is not a recipe policy (its own schedule runs on the SimPy engine)"
+    if type(policy).schedule is not RecipePolicy.schedule or "schedule" in vars(policy):
+        return None, f"policy {name!r} overrides schedule (its own rules run on the SimPy engine)"
+    return policy.recipe, None
+
+
 def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=None,
                 max_queue_len: int | None = None) -> str | None:
-    """Why the compiled core cannot run this scenario, or None when it can."""
+    """Why the compiled core cannot run this scenario, or None when it can (with the same rules)."""
     from calibrate.costmodel import RooflineCostModel
-    from policies.chunked_prefill import ChunkedPrefillPolicy
-    from policies.continuous import ContinuousPolicy
-    from policies.dynamic import DynamicPolicy
-    from policies.static import StaticPolicy
     from sim.engine import Replica
     from sim.kv import PagedKVCache
 
     if replica_factory is not Replica:
         return "a custom replica (the reference executor times real steps)"
-    if type(policy) not in (ContinuousPolicy, ChunkedPrefillPolicy, StaticPolicy, DynamicPolicy):
-        return f"policy {policy.name!r} (the core runs the four built-in policies)"
+    recipe, why = _recipe_of(policy)
+    if why is not None:
+        return why
+    rc = recipe_struct(recipe)
+    if isinstance(rc, str):
+        return rc
     cfg = policy.config
-    if getattr(cfg, "order", "fcfs") not in ("fcfs", "shortest_prompt_first"):
-        return f"queue order {cfg.order!r} (the core runs fcfs and shortest_prompt_first)"
     if getattr(cfg, "enable_prefix_caching", False) or kv_type is not PagedKVCache:
         return "a prefix cache"
-    if len(getattr(cfg, "preferred_batch_sizes", ())) > 64:
-        return "more than 64 preferred batch sizes"
-    knobs = {k: getattr(cfg, k, None) for k in ("max_num_seqs", "max_num_batched_tokens", "max_batch_size",
-                                               "block_size", "max_model_len")}
-    knobs["max_queue_len"] = max_queue_len
+    knobs = {k: getattr(recipe, k, None) for k in ("max_num_seqs", "max_num_batched_tokens", "max_batch_size")}
+    knobs.update(block_size=getattr(cfg, "block_size", None), max_model_len=getattr(cfg, "max_model_len", None),
+                 max_queue_len=max_queue_len)
     for k, v in knobs.items():
         if v is not None and v >= _BIG:
             return f"{k} {v} (the core takes integers below 2^40)"
@@ -185,7 +259,7 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
         top = int((workload.prompt_tokens + workload.output_tokens).max())
         if top >= _TOKENS:
             return f"a request of {top} tokens (the core takes fewer than 2^20)"
-        rows = min(len(workload), getattr(cfg, "max_num_seqs", None) or getattr(cfg, "max_batch_size", 1))
+        rows = min(len(workload), rc.max_num_seqs)
         if rows >= _TOKENS:
             return f"{rows} sequences a step (the core takes fewer than 2^20)"
     if router not in _ROUTERS:
@@ -195,9 +269,14 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
     return None
 
 
-def _policy_code(policy) -> int:
-    mode = getattr(policy.config, "prefill_mode", None)
-    return _POLICIES[(policy.name, mode)]
+def rules_mismatch() -> str | None:
+    """Why the core's rules are not the loaded ones (None when they agree)."""
+    diff = rules_differ()
+    if not diff:
+        return None
+    shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+    return (f"the loaded rules differ from those the compiled core implements ({shown}): "
+            "edited or monkeypatched code runs on the SimPy engine")
 
 
 def _pack_curve(curve) -> list[float]:
@@ -269,7 +348,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
     st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
                    router_rng)
-    cfg, reps = policy.config, len(kv_blocks)
+    reps = len(kv_blocks)
     info, dense, sf, si, g_rid, g_gap, req_i, req_f = (a[k] for k in (
         "info", "dense", "sf", "si", "g_rid", "g_gap", "req_i", "req_f"))
     global _active
@@ -304,7 +383,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         _active = None
         lib.core_free(st)
     delivered = int(info[4])
-    requests = _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len)
+    requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
     return CoreRun(requests=requests, now=float(info[0]),
                    kv_peak=[int(info[_rep_info(i) + 2]) for i in range(reps)], steps=int(info[1]),
                    held=held)
@@ -362,33 +441,30 @@ def _pairs(rng: np.random.Generator | None, replicas: int, workload, horizon: fl
 def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
            router_rng=None):
     """A new core state for this run, and the arrays it reads and writes (kept alive by the caller)."""
-    cfg = policy.config
+    recipe = recipe_struct(policy.recipe)
+    if isinstance(recipe, str):  # pragma: no cover - unsupported() said so first
+        raise RuntimeError(f"the compiled core cannot run this recipe: {recipe}")
     n, reps = len(workload), len(kv_blocks)
     pairs = _pairs(router_rng if router == "power_of_two" else None, reps, workload, horizon)
     (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
      pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
     pre_has, pre_r = _range(pre_range)
     dec_has, dec_r = _range(dec_range)
-    padded = hasattr(cfg, "max_batch_size")
-    prefs = list(getattr(cfg, "preferred_batch_sizes", ()))
-    rows = min(cfg.max_batch_size if padded else cfg.max_num_seqs, n)
+    rows = min(recipe.max_num_seqs, n)
     # NOTE: buffers shrink with many replicas (4096 replicas at full size would reserve ~19 GiB)
     step_cap = max(64, min(_STEP_CAP, (1 << 20) // reps))
     gap_cap = max(2 * rows + 16, min(_GAP_CAP, (1 << 21) // reps))
-    ip = np.array([n, reps, _policy_code(policy), cfg.max_batch_size if padded else cfg.max_num_seqs,
-                   0 if padded else cfg.max_num_batched_tokens, block_size,
+    ip = np.array([n, reps, 0, 0, 0, block_size,
                    0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
-                   0 if horizon is None else 1, L, h, dh, cost.tp, step_cap, gap_cap, pre_has, dec_has,
-                   int(padded and cfg.complete_at == "batch_end"), len(prefs), *prefs], dtype=np.int64)
-    delay = float(getattr(cfg, "timeout_s", getattr(cfg, "max_queue_delay_s", 0.0)))
+                   0 if horizon is None else 1, L, h, dh, cost.tp, step_cap, gap_cap, pre_has, dec_has],
+                  dtype=np.int64)
     dparams = _dense_params(cost)
     ip = np.concatenate((ip, np.zeros(130 - len(ip), dtype=np.int64)))
-    ip[129] = int(getattr(cfg, "order", "fcfs") == "shortest_prompt_first")
     if dparams is not None:
         ip[100:100 + len(dparams[0])] = dparams[0]
     dp = np.zeros(90, dtype=np.float64)
     head = [0.0 if horizon is None else float(horizon), float(L4), float(kv_elt), float(qo), float(peak),
-            float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r, delay]
+            float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r]
     dp[:len(head)] = head
     if dparams is not None:
         dp[30:30 + len(dparams[1])] = dparams[1]
@@ -407,10 +483,11 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     info = np.zeros(_rep_info(reps), dtype=np.float64)
     dense = np.empty(7, dtype=np.float64)
     st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
-                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap), _ptr(pairs))
+                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap), _ptr(pairs),
+                      ctypes.addressof(recipe))
     if not st:
         raise MemoryError("the compiled core could not allocate its state")
-    return st, {"pairs": pairs, "ip": ip, "dp": dp, "curves": curves, "arrival": arrival, "prompt": prompt, "output": output,
+    return st, {"recipe": recipe, "pairs": pairs, "ip": ip, "dp": dp, "curves": curves, "arrival": arrival, "prompt": prompt, "output": output,
                 "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_rid": g_rid,
                 "g_gap": g_gap, "info": info, "dense": dense}
 
@@ -428,7 +505,7 @@ def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
             itl_sinks[i].extend(g_rid[i, :g], g_gap[i, :g])
 
 
-def _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, block_size, max_queue_len):
+def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, block_size, max_queue_len):
     """The request records (sim.records.request_frame's frame, the same dtypes and values)
     built from the core's arrays, without a Python object per request."""
     if delivered == 0:
@@ -444,7 +521,7 @@ def _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, blo
         tpot = np.where(done & ~np.isnan(first) & (output > 1), (completion - first) / (output - 1), np.nan)
     reasons = np.full(k, "", dtype=object)
     for rid in np.flatnonzero(status == _REJECTED).tolist():
-        reasons[rid] = _reason(int(reason[rid]), int(rval[rid]), cfg, max_model_len, kv_blocks[int(rep[rid])],
+        reasons[rid] = _reason(int(reason[rid]), int(rval[rid]), recipe, max_model_len, kv_blocks[int(rep[rid])],
                                block_size, max_queue_len)
     # NOTE: pandas infers a column of Python ints as int64: SimPy's clock is the integer 0 until a
     # timeout fires, so when every request was admitted then, the Python engine's column is integral
@@ -460,7 +537,7 @@ def _frame(workload, delivered, req_i, req_f, cfg, max_model_len, kv_blocks, blo
     return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
 
 
-def _reason(code: int, value: int, cfg, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:
+def _reason(code: int, value: int, recipe, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:
     """The words sim.engine and policies.step give the rejection the core coded as (code, value)."""
     from policies.step import over_budget
     from sim.engine import over_kv, queue_full, too_long
@@ -471,4 +548,4 @@ def _reason(code: int, value: int, cfg, max_model_len: int, blocks: int, block_s
         return over_kv(value, blocks * block_size)
     if code == 3:
         return queue_full(max_queue_len)
-    return over_budget(value, cfg.max_num_batched_tokens)
+    return over_budget(value, recipe.max_num_batched_tokens)

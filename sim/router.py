@@ -3,11 +3,6 @@
 Small strategies as functions (Ciw style). :func:`make_router` returns a
 callable ``route(replicas, seq) -> index``; stateful ones (round robin, the
 power-of-two sampler) close over their own counter or generator.
-
-A route's ``reads_kv`` says whether it looks at replicas' KV caches. The
-engine's fast-forward lets a replica's run of decode steps go on through
-arrivals routed elsewhere only when it does not (a run's KV is granted at
-its end); a route without the attribute is taken to read KV.
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ def _round_robin(_rng: np.random.Generator) -> Route:
         counter[0] += 1
         return i
 
-    route.reads_kv = False
     return route
 
 
@@ -44,7 +38,6 @@ def _least_outstanding(_rng: np.random.Generator) -> Route:
     def route(replicas, seq) -> int:
         return min(replicas, key=_load).index
 
-    route.reads_kv = False
     return route
 
 
@@ -55,7 +48,6 @@ def _power_of_two(rng: np.random.Generator) -> Route:
         a, b = rng.choice(len(replicas), size=2, replace=False)
         return min(replicas[int(a)], replicas[int(b)], key=_load).index
 
-    route.reads_kv = False
     return route
 
 
@@ -64,7 +56,6 @@ def _least_kv(_rng: np.random.Generator) -> Route:
         return min(replicas, key=lambda r: (r.kv.used_blocks / r.kv.total_blocks,
                                             len(r.waiting), r.index)).index
 
-    route.reads_kv = True
     return route
 
 

@@ -36,7 +36,7 @@ from sim.state import UNFINISHED
 from sim.types import Workload
 from workloads import build_workload
 
-__all__ = ["RunResult", "Parts", "build_parts", "kv_limits", "run_scenario", "simulate", "write_outputs"]
+__all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "simulate", "write_outputs"]
 
 
 @dataclass
@@ -114,6 +114,26 @@ def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
     return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
 
 
+def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type) -> str | None:
+    """None when the compiled core runs this scenario, else why the SimPy engine runs it.
+
+    The core runs only what it can show it runs with the same rules
+    (sim.core.unsupported, sim.rules); ``engine: core`` makes any reason an
+    error instead.
+    """
+    if scenario.engine == "python":
+        return "engine: python was asked for"
+    why = core.unsupported(policy, parts.cost, scenario.router, replica, kv_type, parts.workload,
+                           scenario.max_queue_len)
+    if why is None and core.library() is None:
+        why = f"the compiled core could not be built ({core.library_error()})"
+    if why is None:
+        why = core.rules_mismatch()
+    if why is not None and scenario.engine == "core":
+        raise InputError(f"core cannot run this scenario: {why}", "engine")
+    return why
+
+
 def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica) -> RunResult:
     """Run one scenario's policy over prebuilt parts.
 
@@ -129,15 +149,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
     caches = [_kv_cache(parts, p.config) for p in pols]
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
-    use_core = False
-    if scenario.engine != "python":
-        why = core.unsupported(pols[0], parts.cost, scenario.router, replica, type(caches[0]), parts.workload,
-                               scenario.max_queue_len)
-        if why is None and core.library() is None:
-            why = f"the compiled core could not be built ({core.library_error()})"
-        if why is not None and scenario.engine == "core":
-            raise InputError(f"core cannot run this scenario: {why}", "engine")
-        use_core = why is None
+    why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]))
+    use_core = why is None
     if use_core:
         ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
                             caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
@@ -151,22 +164,17 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         if unfinished != ran.held:
             raise RuntimeError(f"conservation broken: {unfinished} unfinished request(s) but {ran.held} "
                                "queued or running")
-        engine = {"steps": ran.steps, "fast_forward_steps": 0, "engine": "core", "held": ran.held}
+        engine = {"steps": ran.steps, "engine": "core", "held": ran.held}
     else:
         env = simpy.Environment()
         replicas = [replica(env, i, pol, parts.cost, kv, max_len, steps, itl.sink(i) if aggregate else itl)
                     for i, (pol, kv) in enumerate(zip(pols, caches))]
         route = make_router(scenario.router, _seeds(scenario.seed)[1])
         cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
-        if scenario.fast_forward:
-            for r in replicas:
-                r.enable_fast_forward(lambda: cluster.next_arrival, scenario.horizon_s, cluster.arrival_times)
         env.run(until=scenario.horizon_s)
-        cluster.sync()  # running sequences' attributes up to date (sim.cohort)
         _check_unfinished_are_held(cluster)
         requests, now = request_frame(cluster.requests), env.now
-        engine = {"steps": len(steps), "fast_forward_steps": sum(r.fast_forward_steps for r in replicas),
-                  "engine": "python"}
+        engine = {"steps": len(steps), "engine": "python"}
     _check_conservation(requests, parts.workload, scenario.horizon_s)
     if aggregate:
         step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
@@ -174,10 +182,12 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     else:
         step_df, itl_df = steps.frame(), itl.frame()
     if scenario.replicas > 1 and not aggregate:
-        # NOTE: replicas append records as their events finish, and a
-        # fast-forwarded run appends its steps at its end: put records in one
-        # canonical order (steps by end time then replica; gaps by request,
-        # each request's in time order) so outputs do not depend on that.
+        # NOTE: replicas append records as their steps finish, so steps of
+        # different replicas that end at the same time come in event order
+        # (whichever SimPy resumed first) and gaps of different requests are
+        # interleaved: put records in one canonical order (steps by end time
+        # then replica; gaps by request, each request's in time order) so
+        # outputs do not depend on event order.
         step_df = step_df.iloc[np.lexsort((step_df["replica"].to_numpy(), step_df["end"].to_numpy()))]
         step_df = step_df.reset_index(drop=True)
         itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
@@ -201,6 +211,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
     if scenario.replicas > 1:
         summary.update(_per_replica(requests, scenario.replicas))
+    summary["engine"] = "core" if use_core else "python"
+    summary["engine_reason"] = why
     meta = dict(parts.meta, policy=pols[0].name, kv_blocks=kv0.total_blocks,
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive

@@ -23,7 +23,7 @@ class Seq:
         "num_tokens", "num_computed", "num_generated", "num_preemptions",
         "finished", "replica", "admitted", "first_token", "last_token",
         "completion", "max_itl", "status", "reason", "cached_tokens",
-        "prefix_hashes", "is_running", "order", "in_cohort",
+        "prefix_hashes", "is_running", "order",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_tokens: int, output_tokens: int,
@@ -50,7 +50,6 @@ class Seq:
         self.prefix_hashes = prefix_hashes
         self.is_running = False
         self.order = -1  # admissions to running so far on its replica when it was (last) admitted
-        self.in_cohort = False  # a member of its replica's decode cohort (sim.cohort)
 
     @property
     def pending(self) -> int:

@@ -22,6 +22,7 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("mean batch size", "mean_batch_size", "{:.1f}"),
     ("peak KV usage", "peak_kv_usage", "{:.1%}"),
     ("preemptions", "preemptions", "{}"),
+    ("engine", "engine", ""),
 )
 
 
@@ -32,6 +33,8 @@ def _cell(s: dict, label: str, key: str, fmt: str) -> str:
         return f"{s['mfu']:.1%} / {s['mbu']:.1%}"
     if key == "itl":
         return f"{s['median_itl_ms']:.1f} / {s['p99_itl_ms']:.1f} / {s['max_itl_ms']:.1f}"
+    if key == "engine":
+        return str(s.get("engine", "?"))
     if key in ("ttft", "tpot", "e2el"):
         return f"{s[f'median_{key}_ms']:.1f} / {s[f'p99_{key}_ms']:.1f}"
     return fmt.format(s[key])
@@ -45,4 +48,7 @@ def summary_table(summaries: list[dict], title: str | None = None) -> Table:
         t.add_column(str(s.get("policy", "")), justify="right")
     for label, key, fmt in TABLE_ROWS:
         t.add_row(label, *(_cell(s, label, key, fmt) for s in summaries))
+    reasons = sorted({s["engine_reason"] for s in summaries if s.get("engine_reason")})
+    if reasons:
+        t.caption = "SimPy engine: " + "; ".join(reasons)
     return t

@@ -88,20 +88,6 @@ class BatchPlan:
     - ``idle_until``: when the plan schedules nothing, wake at this time at the
       latest (an arrival wakes the replica earlier); ``None`` waits for the
       next arrival.
-    - ``steady``: the policy's promise that this plan decodes one token for
-      every running sequence and that, until a request arrives or finishes
-      or the KV growth of these decodes no longer fits the free blocks, it
-      would plan exactly these decodes again each step. The engine may then
-      fast-forward: price and apply many such steps at once (exact; see
-      docs/performance.md). Leave it False unless that holds.
-    - ``steady_through_arrivals``: with ``steady``, the stronger promise that
-      arrivals do not change these decodes either (a padded batch decodes to
-      its end whatever joins the queue), so a run is not cut when a request
-      arrives.
-    - ``decode_cohort``: the first rows of ``num_tokens`` are exactly the
-      replica's decode cohort (``view.cohort``: its running plain decodes),
-      one token each, in cohort order, so the engine may apply them as
-      columns (sim.cohort). Set by :class:`policies.step.StepBuilder`.
     """
 
     num_tokens: Mapping[int, int] = field(default_factory=dict)
@@ -114,9 +100,6 @@ class BatchPlan:
     complete_on_release: bool = False
     reject: Mapping[int, str] = field(default_factory=dict)
     idle_until: float | None = None
-    steady: bool = False
-    steady_through_arrivals: bool = False
-    decode_cohort: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -140,10 +123,6 @@ class StepShape:
     q: np.ndarray  # int64 per row
     kv: np.ndarray  # int64 per row
     sampled: int
-    # Row sums the engine already knows, so the cost model need not reduce the rows again:
-    # (sum q, decode rows, sum of decode rows' kv + decode rows, q.kv, q.q, sum of kv where q > 0).
-    # None: the cost model computes them. Must equal what the rows give.
-    sums: tuple[int, int, int, int, int, int] | None = field(default=None, repr=False)
 
     @property
     def num_rows(self) -> int:

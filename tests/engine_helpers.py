@@ -1,10 +1,12 @@
-"""Test doubles for engine tests: a constant-time cost model and a runner."""
+"""Test doubles for engine tests: a constant-time cost model, a runner, and the
+small KV-tight scenarios (and a calibrated-like profile) several test files share."""
 
 from __future__ import annotations
 
 import numpy as np
 import simpy
 
+from calibrate.hardware import HardwareProfile, load_hardware
 from sim.engine import Cluster, Replica
 from sim.kv import PagedKVCache
 from sim.metrics import RunTotals, summarize
@@ -36,8 +38,7 @@ def workload(arrivals, prompts, outputs) -> Workload:
 
 def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_blocks: int = 1000,
                block_size: int = 16, max_model_len: int = 100_000, router: str = "round_robin",
-               horizon: float | None = None, seed: int = 0, kv_factory=None,
-               fast_forward: bool = False):
+               horizon: float | None = None, seed: int = 0, kv_factory=None):
     """Run the engine directly; returns (requests df, steps df, itl df, cluster)."""
     env = simpy.Environment()
     steps, itl = StepLog(), ItlLog()
@@ -46,11 +47,7 @@ def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_bl
     reps = [Replica(env, i, policy_factory(), cost, kv_factory(),
                     max_model_len, steps, itl) for i in range(replicas)]
     cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl)
-    if fast_forward:
-        for r in reps:
-            r.enable_fast_forward(lambda: cluster.next_arrival, horizon, cluster.arrival_times)
     env.run(until=horizon)
-    cluster.sync()
     return request_frame(cluster.requests), steps.frame(), itl.frame(), cluster
 
 
@@ -61,3 +58,60 @@ def summary_of(req, steps, itl, cluster, policy="test"):
                        peak_bandwidth=1e12, kv_total_blocks=kv.total_blocks,
                        kv_peak_blocks=max(r.kv.peak_used for r in cluster.replicas))
     return summarize(req, steps, itl, totals, policy)
+
+
+def _calibrated_like(name: str) -> HardwareProfile:
+    """A shipped profile with measured ranges added, so out-of-range counting varies."""
+    data = load_hardware(name).model_dump(mode="json")
+    for c, eff in data["efficiency"].items():
+        eff["measured_range"] = {"tokens": [2, 200], "bytes": [1e5, 3e7]}
+    data["calibrated"] = True
+    data["provenance"]["calibration"] = {"device": "test", "software": {}, "date": "2025-01-01"}
+    data["host_overhead"]["per_decode_step_us"] = 137.5  # decode steps' own host term in every fast path
+    return HardwareProfile.model_validate(data)
+
+
+# -- small scenarios with KV pressure, one per built-in policy -------------------------------------
+
+POLICIES = {
+    "static": {"name": "static", "max_batch_size": 6, "timeout_s": 0.2},
+    "dynamic": {"name": "dynamic", "max_batch_size": 8, "max_queue_delay_s": 0.05},
+    "continuous": {"name": "continuous", "max_num_seqs": 48},
+    "continuous_mixed": {"name": "continuous", "prefill_mode": "mixed", "max_num_seqs": 48},
+    "chunked_prefill": {"name": "chunked_prefill", "max_num_seqs": 48, "max_num_batched_tokens": 256},
+}
+
+
+def _scenario(policy: dict, **kw) -> dict:
+    base = {
+        "model": "llama-3-8b", "hardware": "h100-sxm", "seed": 3,
+        # a small KV cache (about 4k blocks of 16) so decodes outgrow it and preempt
+        "policy": dict(policy, gpu_memory_utilization=0.245),
+        "workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate": 6.0},
+                     "prompt_tokens": {"dist": "lognormal", "median": 600, "p90": 3000, "max": 6000},
+                     "output_tokens": {"dist": "lognormal", "median": 150, "p90": 600, "max": 900}},
+    }
+    base.update(kw)
+    return base
+
+
+ENGINE_KEYS = ("engine", "engine_reason")  # which engine ran and why: the one thing engines may differ in
+
+
+def outcome(summary: dict) -> dict:
+    """A summary without the keys that say which engine ran."""
+    return {k: v for k, v in summary.items() if k not in ENGINE_KEYS}
+
+
+def written(result, folder) -> dict[str, bytes]:
+    """What a run writes (write_outputs' files, the summary without its engine keys) plus its gap
+    records, as bytes by name."""
+    import json
+
+    from sim.runner import write_outputs
+
+    out = write_outputs(result, folder)
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    files["summary.json"] = json.dumps(outcome(json.loads(files["summary.json"])), sort_keys=True).encode()
+    files["itl"] = result.itl.to_csv(index=False).encode()
+    return files

@@ -143,3 +143,23 @@ def test_constant_cost_prices_tokens():
     c = ConstantCost(1.0, per_token=0.5)
     req, steps, _, _ = run_engine(lambda: MixedAll(), workload([0], [4], [2]), cost=c)
     assert steps["end"].tolist() == [3.0, 4.5]
+
+
+def test_a_policy_reading_running_sees_current_counters():
+    """A policy that reads ``view.running`` sees every sequence's counters as of now."""
+    from policies.continuous import ContinuousPolicy
+
+    seen = []
+
+    class Peeking(ContinuousPolicy):
+        def schedule(self, view):
+            plan = super().schedule(view)
+            for s in view.running:
+                seen.append((s.num_computed, s.num_tokens, s.num_generated))
+                assert s.num_tokens - s.num_computed >= 1
+            return plan
+
+    wl = workload([0.0, 0.0, 0.01], [30, 50, 20], [40, 12, 25])
+    run_engine(lambda: Peeking(Peeking.Config(name="continuous")), wl, cost=ConstantCost(0.01), kv_blocks=64,
+               block_size=8)
+    assert max(g for _, _, g in seen) >= 39  # counters advanced step by step

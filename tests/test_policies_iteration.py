@@ -54,7 +54,7 @@ def test_separate_kv_stops_at_the_first_whole_prompt_that_does_not_fit():
 def test_separate_decodes_when_nobody_can_be_admitted():
     # 4 blocks of 4: the decodes hold 1 + 2 and rid 0 takes the last for its 5th token.
     view = make_view([fresh(5, 50)], [decoding(0, 4, 8), decoding(1, 6, 8)], blocks=4, block_size=4)
-    assert continuous().schedule(view) == BatchPlan(num_tokens={0: 1, 1: 1}, steady=True)
+    assert continuous().schedule(view) == BatchPlan(num_tokens={0: 1, 1: 1})
 
 
 def test_prompt_over_the_token_budget_is_rejected_naming_both_numbers():
@@ -105,8 +105,8 @@ def test_preempted_sequence_regains_the_queue_front_under_fcfs():
         apply(plans[-1], view)
     assert plans[0] == BatchPlan(num_tokens={0: 1}, preempt=(1,))
     # rid 0 finishes after one more decode; then rid 1 (3 tokens recomputed) enters before rid 5.
-    assert plans[1:] == [BatchPlan(num_tokens={0: 1}, steady=True), BatchPlan(num_tokens={1: 3}),
-                         BatchPlan(num_tokens={1: 1}, steady=True)]
+    assert plans[1:] == [BatchPlan(num_tokens={0: 1}), BatchPlan(num_tokens={1: 3}),
+                         BatchPlan(num_tokens={1: 1})]
     assert [s.rid for s in view.waiting] == [5]
 
 
@@ -172,8 +172,7 @@ def test_chunked_long_prompt_is_split_never_rejected():
 
 def test_chunked_respects_max_num_seqs():
     view = make_view([fresh(9, 3)], [decoding(0, 4, 8), decoding(1, 6, 8)])
-    assert chunked(max_num_seqs=2, max_num_batched_tokens=16).schedule(view) == BatchPlan(num_tokens={0: 1, 1: 1},
-                                                                                         steady=True)
+    assert chunked(max_num_seqs=2, max_num_batched_tokens=16).schedule(view) == BatchPlan(num_tokens={0: 1, 1: 1})
 
 
 @pytest.mark.parametrize("make", [continuous, chunked])

@@ -77,10 +77,8 @@ def test_batch_decodes_in_lockstep_billing_dead_slots_then_releases_all():
     plans, seqs = _run_batch("batch_end")
     assert plans == [
         BatchPlan(num_tokens={0: 2, 1: 4}, reserve={0: 7, 1: 7}, padding=((2, 2, False),), hold_finished=True),
-        BatchPlan(num_tokens={1: 1}, padding=((1, 4, True),), hold_finished=True, steady=True,
-                  steady_through_arrivals=True),
-        BatchPlan(num_tokens={1: 1}, padding=((1, 5, True),), hold_finished=True, steady=True,
-                  steady_through_arrivals=True),
+        BatchPlan(num_tokens={1: 1}, padding=((1, 4, True),), hold_finished=True),
+        BatchPlan(num_tokens={1: 1}, padding=((1, 5, True),), hold_finished=True),
         BatchPlan(release=(0, 1), complete_on_release=True),
     ]
     assert [s.completion for s in seqs] == [3.0, 3.0]
@@ -96,10 +94,8 @@ def test_live_rows_are_billed_over_the_padded_context():
     for _ in range(4):
         plans.append(policy.schedule(view))
         apply(plans[-1], view)
-    assert plans[1] == BatchPlan(num_tokens={0: 1}, context={0: 4}, padding=((1, 4, True),), hold_finished=True,
-                                steady=True, steady_through_arrivals=True)
-    assert plans[2] == BatchPlan(num_tokens={0: 1}, context={0: 5}, padding=((1, 5, True),), hold_finished=True,
-                                steady=True, steady_through_arrivals=True)
+    assert plans[1] == BatchPlan(num_tokens={0: 1}, context={0: 4}, padding=((1, 4, True),), hold_finished=True)
+    assert plans[2] == BatchPlan(num_tokens={0: 1}, context={0: 5}, padding=((1, 5, True),), hold_finished=True)
 
 
 def test_own_token_completion_keeps_each_members_finish_time():

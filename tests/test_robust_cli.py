@@ -26,6 +26,7 @@ def write_files(d: Path) -> None:
     (d / "s.yaml").write_text(SCENARIO)
     (d / "bad.yaml").write_text("model: llama-3-8b\npolicy: [unclosed\n")
     (d / "unknown.yaml").write_text(SCENARIO + "bogus: 1\n")
+    (d / "ff.yaml").write_text(SCENARIO + "fast_forward: true\n")
     model = json.loads(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
                                    "num_key_value_heads": 64, "intermediate_size": 14336, "vocab_size": 128256,
                                    "max_position_embeddings": 8192}))
@@ -43,9 +44,12 @@ CASES = [
     ("markup-in-path", ["run", "[/b].yaml"], "error: no such scenario file: [/b].yaml"),
     ("bad-yaml", ["run", "bad.yaml"], "error: bad.yaml:3: not valid YAML: expected ',' or ']', but got '<stream end>'"),
     ("unknown-field", ["run", "unknown.yaml"],
-     "error: unknown.yaml: bogus: unknown field; expected one of dtype, engine, fast_forward, hardware, horizon_s, kv_cache_dtype, "
+     "error: unknown.yaml: bogus: unknown field; expected one of dtype, engine, hardware, horizon_s, kv_cache_dtype, "
      "max_queue_len, measure, model, name, policy, policy_knobs, replicas, router, seed, slo, "
      "tensor_parallel_size, workload (got 1)"),
+    ("removed-field", ["run", "ff.yaml"],
+     "error: ff.yaml: fast_forward: this field was removed (the Python engine runs step by step; "
+     "engine: auto picks the compiled core, the fast one); delete it"),
     ("non-finite", ["run", "s.yaml", "--set", "workload.arrival.rate=.inf"],
      "error: s.yaml: workload.arrival.rate: Input should be a finite number (got inf)"),
     ("bad-set", ["run", "s.yaml", "--set", "replicas"], "error: --set: expected dotted.key=value, got 'replicas'"),

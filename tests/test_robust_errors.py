@@ -23,7 +23,7 @@ from sim.errors import InputError
 from sim.runner import run_scenario
 from workloads import WorkloadConfig, build_workload
 
-SCENARIO_FIELDS = ("dtype, engine, fast_forward, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
+SCENARIO_FIELDS = ("dtype, engine, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
                    "policy_knobs, replicas, router, seed, slo, tensor_parallel_size, workload")
 W = {"num_requests": 2}
 
@@ -67,6 +67,13 @@ def test_scenario_that_is_not_a_mapping(tmp_path, text, got):
     p = tmp_path / "s.yaml"
     p.write_text(text)
     assert message(load_scenario, p) == f"{p}: expected a mapping of scenario fields, got {got}"
+
+
+def test_the_removed_fast_forward_field_is_named_in_one_line():
+    for value in (True, False):
+        assert scenario_error({"workload": W, "fast_forward": value}) == (
+            "s.yaml: fast_forward: this field was removed (the Python engine runs step by step; "
+            "engine: auto picks the compiled core, the fast one); delete it")
 
 
 def test_unknown_field_lists_the_fields_allowed_there():

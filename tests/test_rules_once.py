@@ -1,0 +1,242 @@
+"""One statement of the rules: an edited rule changes the default engine exactly as the SimPy one.
+
+The built-in policies are recipes (policies/recipe.py) interpreted by
+policies/step.py and policies/padded.py in Python and by sim/_core.c in C.
+These tests change a rule the ways a user would — a recipe, a monkeypatched
+``schedule``, a monkeypatched interpreter method, an in-place edit of the
+interpreter in a copy of the source — and check that the default engine
+(``auto``) gives exactly the SimPy engine's output for the changed rule, says
+which engine ran and why, and that ``batchsim regress`` on the shipped
+baselines fails for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import policies.continuous as continuous_mod
+from policies.continuous import ContinuousPolicy
+from policies.recipe import IterationRecipe, Move, PaddedRecipe
+from policies.rules import interpret
+from policies.step import StepBuilder
+from sim import core, rules
+from sim.config import scenario_from_dict
+from sim.runner import run_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+needs_core = pytest.mark.skipif(core.library() is None, reason="no C compiler: the compiled core is unavailable")
+
+# A decode-first rule: the running decodes go first and prompts enter only on a step with no decodes.
+DECODE_FIRST = (Move("decodes"), Move("admit", unless=("rows",)))
+
+
+def _scenario(policy: dict | None = None, engine: str = "auto", n: int = 300) -> dict:
+    return {
+        "name": "rules-once", "model": "llama-3-8b", "hardware": "h100-sxm",
+        "policy": policy or {"name": "continuous"}, "engine": engine, "seed": 3,
+        "workload": {"num_requests": n, "arrival": {"process": "poisson", "rate": 12.0},
+                     "prompt_tokens": {"dist": "lognormal", "median": 500, "p90": 2000, "max": 6000},
+                     "output_tokens": {"dist": "lognormal", "median": 120, "p90": 400, "max": 800}},
+    }
+
+
+def _run(sc: dict):
+    return run_scenario(scenario_from_dict(sc))
+
+
+def _digest(result) -> str:
+    """The run's records and metrics (not which engine ran)."""
+    summary = {k: v for k, v in result.summary.items() if k not in ("engine", "engine_reason")}
+    h = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
+    h.update(result.requests.to_csv(index=False).encode())
+    h.update(result.steps.to_csv(index=False).encode())
+    return h.hexdigest()
+
+
+@needs_core
+def test_shipped_rules_are_the_ones_the_core_implements():
+    diff = core.rules_differ()
+    assert not diff, (f"{len(diff)} rule(s) differ from the compiled core's table ({diff[:5]}): change the "
+                      "core's interpreter to match, then run `python -m sim.rules --update`")
+
+
+@needs_core
+@pytest.mark.parametrize("policy", [{"name": "continuous"}, {"name": "continuous", "prefill_mode": "mixed"},
+                                    {"name": "chunked_prefill"}, {"name": "static"},
+                                    {"name": "dynamic", "preferred_batch_sizes": [2, 4]}])
+def test_builtin_policies_run_on_the_core_and_say_so(policy):
+    auto = _run(_scenario(policy, n=120))
+    assert auto.summary["engine"] == "core" and auto.summary["engine_reason"] is None
+    ref = _run(_scenario(policy, engine="python", n=120))
+    assert ref.summary["engine"] == "python" and ref.summary["engine_reason"] == "engine: python was asked for"
+    assert _digest(auto) == _digest(ref)
+
+
+@needs_core
+def test_an_edited_recipe_runs_on_the_core_with_the_edit(monkeypatch):
+    before = _run(_scenario())
+    monkeypatch.setitem(continuous_mod.MOVES, "separate", DECODE_FIRST)
+    auto, ref = _run(_scenario()), _run(_scenario(engine="python"))
+    assert auto.summary["engine"] == "core"
+    assert _digest(auto) == _digest(ref)
+    assert _digest(auto) != _digest(before)
+    assert auto.summary["p99_ttft_ms"] > 2 * before.summary["p99_ttft_ms"]
+
+
+def test_a_monkeypatched_schedule_runs_on_the_simpy_engine(monkeypatch):
+    before = _run(_scenario())
+
+    def decode_first(self, view):
+        return interpret(replace(self.recipe, moves=DECODE_FIRST), view)
+
+    monkeypatch.setattr(ContinuousPolicy, "schedule", decode_first)
+    auto, ref = _run(_scenario()), _run(_scenario(engine="python"))
+    assert auto.summary["engine"] == "python"
+    assert "overrides schedule" in auto.summary["engine_reason"]
+    assert _digest(auto) == _digest(ref) != _digest(before)
+    with pytest.raises(Exception, match="overrides schedule"):
+        _run(_scenario(engine="core"))
+
+
+@needs_core
+def test_a_monkeypatched_interpreter_method_runs_on_the_simpy_engine(monkeypatch):
+    before = _run(_scenario())
+    original = StepBuilder.admit
+
+    def admit_one_per_step(self, candidates, chunked):  # at most one admission a step
+        self.slots = min(self.slots, 1)
+        return original(self, candidates, chunked)
+
+    monkeypatch.setattr(StepBuilder, "admit", admit_one_per_step)
+    auto, ref = _run(_scenario()), _run(_scenario(engine="python"))
+    assert auto.summary["engine"] == "python"
+    assert "policies.step.StepBuilder.admit" in auto.summary["engine_reason"]
+    assert _digest(auto) == _digest(ref) != _digest(before)
+
+
+def test_an_outside_policy_runs_on_the_simpy_engine_and_says_why():
+    sys.path.insert(0, str(ROOT / "examples" / "ci" / "plugin"))
+    try:
+        res = _run(_scenario({"name": "spf_policy.policy:ShortestPromptFirst"}, n=60))
+    finally:
+        sys.path.remove(str(ROOT / "examples" / "ci" / "plugin"))
+    assert res.summary["engine"] == "python"
+    assert "not a recipe policy" in res.summary["engine_reason"]
+
+
+def test_recipes_are_validated_values():
+    with pytest.raises(ValueError, match="unknown move 'decode'"):
+        Move("decode")
+    with pytest.raises(ValueError, match="unknown guard"):
+        Move("decodes", unless=("never",))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        IterationRecipe(moves=DECODE_FIRST, max_num_seqs=0, max_num_batched_tokens=8)
+    with pytest.raises(ValueError, match="max_queue_delay_s"):
+        PaddedRecipe(max_batch_size=4, max_queue_delay_s=-1.0)
+
+
+def test_the_fingerprint_ignores_docstrings_and_comments_but_not_code():
+    def a(x):
+        """Doc."""
+        # a comment
+        return x + 1
+
+    def b(x):
+
+        return x + 1  # inline comments are code lines
+
+    def c(x):
+        return x + 2
+
+    def body(fn) -> str:
+        return rules._normalised(fn).split("\n", 1)[1]
+
+    assert body(a) == body(b).replace("  # inline comments are code lines", "") != body(c)
+
+
+# -- an in-place edit of the shipped source, in a copy of the tree -------------------------------
+
+_EDITS = {
+    # the interpreter: admit at most one prompt per step
+    "interpreter": ("policies/step.py", "            if self.slots < 1 or self.budget < 1:\n                return\n",
+                    "            if self.slots < 1 or self.budget < 1 or self.num_tokens:\n                return\n"),
+    # a built-in recipe: decode-first continuous batching
+    "recipe": ("policies/continuous.py", '"separate": (Move("admit"), Move("decodes", unless=("rows",))),',
+               '"separate": (Move("decodes"), Move("admit", unless=("rows",))),'),
+}
+
+_PROBE = """
+import hashlib, json, sys
+from sim.config import scenario_from_dict
+from sim.runner import run_scenario
+sc = json.loads(sys.argv[1])
+out = {}
+for engine in ("auto", "python"):
+    r = run_scenario(scenario_from_dict(dict(sc, engine=engine)))
+    s = {k: v for k, v in r.summary.items() if k not in ("engine", "engine_reason")}
+    h = hashlib.sha256(json.dumps(s, sort_keys=True).encode())
+    h.update(r.requests.to_csv(index=False).encode())
+    h.update(r.steps.to_csv(index=False).encode())
+    out[engine] = [h.hexdigest(), r.summary["engine"], r.summary["engine_reason"]]
+print(json.dumps(out))
+"""
+
+
+def _copy_tree(dest: Path, edit: str | None) -> Path:
+    ignore = shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", "*.egg-info", ".pytest_cache",
+                                    ".hypothesis", "docs", "bench")
+    shutil.copytree(ROOT, dest, ignore=ignore)
+    if edit is not None:
+        rel, old, new = _EDITS[edit]
+        path = dest / rel
+        text = path.read_text()
+        assert text.count(old) == 1, f"the edit no longer applies to {rel}"
+        path.write_text(text.replace(old, new))
+    return dest
+
+
+def _probe(tree: Path, sc: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(sc)], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_core
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["interpreter", "recipe"])
+def test_an_in_place_edit_changes_the_default_engine_as_the_simpy_one(tmp_path, edit):
+    sc = _scenario()
+    original = _probe(_copy_tree(tmp_path / "orig", None), sc)
+    edited = _probe(_copy_tree(tmp_path / "edit", edit), sc)
+    assert original["auto"][1] == "core" and original["auto"][0] == original["python"][0]
+    assert edited["auto"][0] == edited["python"][0] != original["auto"][0]
+    if edit == "interpreter":  # the core cannot show it runs the edited interpreter
+        assert edited["auto"][1] == "python"
+        assert "policies.step.StepBuilder.admit" in edited["auto"][2]
+    else:  # the core interprets the edited recipe
+        assert edited["auto"][1] == "core"
+
+
+@needs_core
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", ["interpreter", "recipe"])
+def test_regress_on_the_shipped_baselines_fails_for_an_in_place_edit(tmp_path, edit):
+    tree = _copy_tree(tmp_path / "tree", edit)
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "regress", "baselines/continuous.yaml",
+                           "--baseline", "baselines/baseline.json"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "REGRESSION" in proc.stdout.upper() or "regress" in proc.stdout.lower()
