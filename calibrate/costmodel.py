@@ -27,6 +27,7 @@ import numpy as np
 from calibrate.curves import ClassEfficiency
 from calibrate.hardware import HardwareProfile
 from calibrate.models import KV_DTYPES, WEIGHT_DTYPES, ModelSpec, check_dtype
+from calibrate.pricing import DenseTable, OperatorTable, PricingTable
 from calibrate.work import B_ACT, ShardShape, Work
 from sim.errors import InputError
 from sim.types import OpCost, StepCost, StepShape
@@ -158,6 +159,51 @@ class RooflineCostModel:
         if pre is not None and dec is not None:
             self._attn = (L, L * 4.0, h, dh, kv_elt, qo, self._peak16, self._bw, l_launch, host0, host1, host0d,
                           pre, pre.memory, pre.measured, {}, dec, dec.memory, dec.measured, {})
+
+    def pricing_table(self) -> PricingTable | None:
+        """The fast path's constants by name (the compiled core's input), or None when
+        the profile has no attention curves (then only :meth:`price`'s plain path runs)."""
+        c = self._attn
+        if c is None:
+            return None
+        (L, _L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
+         pre, _pm, pre_range, _pd, dec, _dm, dec_range, _dd) = c
+
+        def attention(eff, name: str, rng) -> OperatorTable:
+            return OperatorTable(name="attention", op_class=name, kernels=L, peak_flops=peak,
+                                 compute=eff.compute.table(), memory=eff.memory.table(), measured=rng)
+
+        return PricingTable(
+            layers=L, q_heads=h, head_dim=dh, tp=self.tp, kv_bytes_per_token_layer=kv_elt,
+            qo_bytes_per_token_layer=qo, attention_peak_flops=peak, bandwidth=bw, attention_launch_s=l_launch,
+            host_step_s=host0, host_seq_s=host1, host_decode_step_s=host0d,
+            prefill=attention(pre, "attention_prefill", pre_range),
+            decode=attention(dec, "attention_decode", dec_range), dense=self._dense_table())
+
+    def _dense_table(self) -> DenseTable | None:
+        """The dense operators' constants, in ShardShape.dense's order then the LM head (None for MoE)."""
+        m, sh = self.model, self.shard
+        if m.is_moe:
+            return None
+        ops = []
+        for w in [*sh.dense(1, 0), sh.lm_head(1)]:
+            eff = self._eff.get(w.name) or self._eff.get(w.op_class)
+            if eff is None:
+                return None
+            ops.append(OperatorTable(name=w.name, op_class=w.op_class, kernels=w.kernels,
+                                     peak_flops=self._gemm_peak if w.op_class == "gemm" else self._peak16,
+                                     compute=eff.compute.table(), memory=eff.memory.table(), measured=eff.measured))
+        f = sh.mlp_width
+        return DenseTable(hidden_size=m.hidden_size, q_heads=sh.heads, kv_heads=sh.kv_heads, qkv_width=sh.qkv_width,
+                          rotary_width=(sh.heads + sh.kv_heads) * m.head_dim, vocab=sh.vocab, mlp_width=f,
+                          mlp_up_width=2 * f if m.mlp_gated else f, weight_bytes=sh.b_w, kv_bytes=sh.b_kv,
+                          launch_s=self._launch, link_latency_s=self._link_lat, link_bandwidth=self._link_bw,
+                          operators=tuple(ops))
+
+    def dense_totals(self, tokens: int, sampled: int) -> tuple:
+        """The non-attention operators' totals of a step, ``(compute_s, memory_s, network_s,
+        overhead_s, flops, bytes, out_of_range)`` per shard (memoised; what the core asks for MoE models)."""
+        return self._dense(tokens, sampled)
 
     # -- pricing -------------------------------------------------------------
     # NOTE: price is the simulator's hot path. It inlines ShardShape.attention

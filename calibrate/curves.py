@@ -38,6 +38,13 @@ class Curve:
         self._lo, self._hi = xs[0], xs[-1]
         self._ylo, self._yhi = float(points[0][1]), float(points[-1][1])
 
+    def table(self):
+        """This curve's numbers by name (:class:`calibrate.pricing.CurveTable`)."""
+        from calibrate.pricing import CurveTable
+
+        return CurveTable(log_x=tuple(self._lx), log_y=tuple(self._y), slope=tuple(self._slope), lo=self._lo,
+                          hi=self._hi, y_lo=self._ylo, y_hi=self._yhi)
+
     def __call__(self, size: float) -> float:
         if size <= self._lo:
             return self._ylo

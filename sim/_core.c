@@ -61,6 +61,39 @@ typedef struct {
     int64_t batch_end;               /* complete_at == batch_end */
 } core_recipe_t;
 
+/* The cost model's pricing table (calibrate/pricing.py), as sim/core.py's CoreCost hands it over. */
+typedef struct {  /* CurveTable: log_x, log_y (n each), slope (n - 1) */
+    int64_t n;
+    double lo, hi, ylo, yhi;
+    const double *lx, *y, *slope;
+} core_curve_t;
+
+typedef struct {  /* OperatorTable */
+    core_curve_t comp, mem;
+    int64_t has_range;
+    double range[4];
+    double peak;
+    int64_t kernels;
+} core_op_t;
+
+#define N_DENSE_OPS 10  /* embedding norms qkv_proj rotary kv_cache_write o_proj mlp_up mlp_act mlp_down lm_head */
+
+typedef struct {  /* PricingTable (+ DenseTable when dense_in_c) */
+    int64_t layers, heads, head_dim, tp;
+    double kv_elt, qo, peak, bw, attn_launch, host_step, host_seq, host_decode_step;
+    core_op_t prefill, decode;
+    int64_t dense_in_c;
+    int64_t hidden, q_heads, kv_heads, qkv_width, rot_width, vocab, mlp_width, up_width;
+    double b_w, b_kv, launch, link_lat, link_bw;
+    core_op_t ops[N_DENSE_OPS];
+} core_cost_t;
+
+/* One run's settings, as sim/core.py's CoreParams hands them over. */
+typedef struct {
+    int64_t n_req, n_rep, block_size, max_model_len, max_queue_len, router, has_horizon, step_cap, gap_cap;
+    double horizon;
+} core_params_t;
+
 #define R_ROUND_ROBIN 0
 #define R_LEAST_OUTSTANDING 1
 #define R_LEAST_KV 2
@@ -258,14 +291,6 @@ static double curve_tokens(const curve_t *c, int64_t tokens) {
     return curve_eval(c, (double)tokens);
 }
 
-static const double *curve_load(curve_t *c, const double *p) {
-    c->n = (int)p[0];
-    c->lo = p[1]; c->hi = p[2]; c->ylo = p[3]; c->yhi = p[4];
-    c->lx = p + 5;
-    c->y = p + 5 + c->n;
-    c->slope = p + 5 + 2 * c->n;
-    return p + 5 + 3 * c->n - 1;
-}
 
 /* ----------------------------------------------------------------- dense --- */
 static uint64_t hash64(uint64_t x) {
@@ -1140,15 +1165,20 @@ void core_free(core_t *s) {
     free(s);
 }
 
-/* ip: integer parameters, dp: double parameters, curves: 4 packed curves,
+static void curve_from(curve_t *c, const core_curve_t *t) {
+    c->n = (int)t->n;
+    c->lo = t->lo; c->hi = t->hi; c->ylo = t->ylo; c->yhi = t->yhi;
+    c->lx = t->lx; c->y = t->y; c->slope = t->slope;
+}
+
+/* The run's settings, the policy's recipe and the cost model's pricing table (named structs),
  * workload arrays, per-request outputs (int64 [7][n] and double [5][n]),
  * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
  * int64 [R][gap_cap], double [R][gap_cap]). */
-core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
+core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const core_cost_t *co,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
                  int64_t *req_i, double *req_f, const int64_t *blocks,
-                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap, const int64_t *pairs,
-                 const core_recipe_t *recipe) {
+                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap, const int64_t *pairs) {
     if (recipe->n_moves < 0 || recipe->n_moves > MAX_MOVES || recipe->n_pref < 0 || recipe->n_pref > MAX_PREF)
         return NULL;
     core_t *s = (core_t *)calloc(1, sizeof(core_t));
@@ -1158,32 +1188,32 @@ core_t *core_new(const int64_t *ip, const double *dp, const double *curves,
     s->sfp = recipe->order == ORDER_SPF;
     s->max_seqs = recipe->max_num_seqs;
     s->cap = recipe->max_num_batched_tokens;
-    s->n_req = ip[0]; s->n_rep = ip[1];
-    s->bs = ip[5]; s->max_model_len = ip[7]; s->max_queue_len = ip[8]; s->router = ip[9];
-    s->has_horizon = (int)ip[10]; s->L = ip[11]; s->h = ip[12]; s->dh = ip[13]; s->tp = ip[14];
-    s->step_cap = ip[15]; s->gap_cap = ip[16]; s->pre_has_range = (int)ip[17]; s->dec_has_range = (int)ip[18];
-    s->horizon = dp[0]; s->L4 = dp[1]; s->kv_elt = dp[2]; s->qo = dp[3]; s->peak = dp[4]; s->bw = dp[5];
-    s->l_launch = dp[6]; s->host0 = dp[7]; s->host1 = dp[8]; s->host0d = dp[9];
-    for (int i = 0; i < 4; i++) { s->pre_range[i] = dp[10 + i]; s->dec_range[i] = dp[14 + i]; }
-    const double *p = curves;
-    p = curve_load(&s->pre_c, p);
-    p = curve_load(&s->pre_m, p);
-    p = curve_load(&s->dec_c, p);
-    p = curve_load(&s->dec_m, p);
-    /* the dense operators (ip[100..], dp[30..], curves after the attention ones) */
-    s->dense_in_c = (int)ip[100];
+    s->n_req = pa->n_req; s->n_rep = pa->n_rep; s->bs = pa->block_size; s->max_model_len = pa->max_model_len;
+    s->max_queue_len = pa->max_queue_len; s->router = pa->router; s->has_horizon = (int)pa->has_horizon;
+    s->horizon = pa->horizon; s->step_cap = pa->step_cap; s->gap_cap = pa->gap_cap;
+    s->L = co->layers; s->h = co->heads; s->dh = co->head_dim; s->tp = co->tp;
+    s->L4 = (double)co->layers * 4.0; s->kv_elt = co->kv_elt; s->qo = co->qo; s->peak = co->peak; s->bw = co->bw;
+    s->l_launch = co->attn_launch; s->host0 = co->host_step; s->host1 = co->host_seq; s->host0d = co->host_decode_step;
+    s->pre_has_range = (int)co->prefill.has_range; s->dec_has_range = (int)co->decode.has_range;
+    for (int i = 0; i < 4; i++) { s->pre_range[i] = co->prefill.range[i]; s->dec_range[i] = co->decode.range[i]; }
+    curve_from(&s->pre_c, &co->prefill.comp);
+    curve_from(&s->pre_m, &co->prefill.mem);
+    curve_from(&s->dec_c, &co->decode.comp);
+    curve_from(&s->dec_m, &co->decode.mem);
+    s->dense_in_c = (int)co->dense_in_c;
     if (s->dense_in_c) {
-        s->m_d = ip[101]; s->m_heads = ip[102]; s->m_kvh = ip[103]; s->m_qkvw = ip[104]; s->m_rot = ip[105];
-        s->m_vocab = ip[106]; s->m_f = ip[107]; s->m_up = ip[108];
-        s->b_w = dp[30]; s->b_kv = dp[31]; s->launch = dp[32]; s->link_lat = dp[33]; s->link_bw = dp[34];
+        s->m_d = co->hidden; s->m_heads = co->q_heads; s->m_kvh = co->kv_heads; s->m_qkvw = co->qkv_width;
+        s->m_rot = co->rot_width; s->m_vocab = co->vocab; s->m_f = co->mlp_width; s->m_up = co->up_width;
+        s->b_w = co->b_w; s->b_kv = co->b_kv; s->launch = co->launch; s->link_lat = co->link_lat; s->link_bw = co->link_bw;
         for (int i = 0; i < N_OPS; i++) {
             op_t *o = &s->ops[i];
-            o->kernels = ip[109 + i];
-            o->has_rng = (int)ip[119 + i];
-            o->peak = dp[35 + i];
-            for (int j = 0; j < 4; j++) o->rng[j] = dp[45 + 4 * i + j];
-            p = curve_load(&o->comp, p);
-            p = curve_load(&o->mem, p);
+            const core_op_t *t = &co->ops[i];
+            o->kernels = t->kernels;
+            o->has_rng = (int)t->has_range;
+            o->peak = t->peak;
+            for (int j = 0; j < 4; j++) o->rng[j] = t->range[j];
+            curve_from(&o->comp, &t->comp);
+            curve_from(&o->mem, &t->mem);
         }
     }
     s->pre_c.memo = (double *)malloc(sizeof(double) * MEMO_N);
@@ -1289,6 +1319,7 @@ static const char CORE_RULES[] =
     "calibrate.costmodel.RooflineCostModel.__init__ add12f0cd290\n"
     "calibrate.costmodel.RooflineCostModel._allreduce 0e8beb5fdfda\n"
     "calibrate.costmodel.RooflineCostModel._dense 095d6eaf860b\n"
+    "calibrate.costmodel.RooflineCostModel._dense_table 94d98d6facbf\n"
     "calibrate.costmodel.RooflineCostModel._fold 662612abcdef\n"
     "calibrate.costmodel.RooflineCostModel._merge aeff9b3ce4a6\n"
     "calibrate.costmodel.RooflineCostModel._op 0a36da40a096\n"
@@ -1297,10 +1328,12 @@ static const char CORE_RULES[] =
     "calibrate.costmodel.RooflineCostModel._price_slow b4cc4e8bfa79\n"
     "calibrate.costmodel.RooflineCostModel._priced_breakdown c4d62e0d7289\n"
     "calibrate.costmodel.RooflineCostModel._roofline b9b00c306a04\n"
+    "calibrate.costmodel.RooflineCostModel.dense_totals 4c1c40a27807\n"
     "calibrate.costmodel.RooflineCostModel.gemm_seconds 871fc4f69c7b\n"
     "calibrate.costmodel.RooflineCostModel.kv_capacity_blocks b71e2e48ad95\n"
     "calibrate.costmodel.RooflineCostModel.kv_capacity_tokens 67b09bc59986\n"
     "calibrate.costmodel.RooflineCostModel.price 8df81ecb09b7\n"
+    "calibrate.costmodel.RooflineCostModel.pricing_table 4fa7c0e6b22d\n"
     "calibrate.costmodel._denominator 54f69c7d7444\n"
     "calibrate.costmodel._make_step_cost 3e36dadb65c8\n"
     "calibrate.costmodel._ones 65c843ac32dc\n"
@@ -1310,6 +1343,7 @@ static const char CORE_RULES[] =
     "calibrate.curves.ClassEfficiency.out_of_range 8c0675652fdc\n"
     "calibrate.curves.Curve.__call__ 094c3e37aec6\n"
     "calibrate.curves.Curve.__init__ 5d8492106078\n"
+    "calibrate.curves.Curve.table e7748f41bada\n"
     "calibrate.work.ShardShape.__delattr__ 8a8de823d5ed\n"
     "calibrate.work.ShardShape.__eq__ 8a8de823d5ed\n"
     "calibrate.work.ShardShape.__hash__ 8a8de823d5ed\n"

@@ -141,7 +141,7 @@ def library() -> ctypes.CDLL | None:
         return None
     vp = ctypes.c_void_p
     lib.core_new.restype = vp
-    lib.core_new.argtypes = [vp] * 15
+    lib.core_new.argtypes = [vp] * 14
     lib.core_rules.restype = ctypes.c_char_p
     lib.core_rules.argtypes = []
     lib.core_run.restype = ctypes.c_int
@@ -264,7 +264,7 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
             return f"{rows} sequences a step (the core takes fewer than 2^20)"
     if router not in _ROUTERS:
         return f"router {router!r} (the core runs {', '.join(_ROUTERS)})"
-    if type(cost) is not RooflineCostModel or getattr(cost, "_attn", None) is None:
+    if type(cost) is not RooflineCostModel or cost.pricing_table() is None:
         return "a cost model other than the roofline model's fast path"
     return None
 
@@ -279,47 +279,91 @@ def rules_mismatch() -> str | None:
             "edited or monkeypatched code runs on the SimPy engine")
 
 
-def _pack_curve(curve) -> list[float]:
-    lx, y, slope = list(curve._lx), list(curve._y), list(curve._slope)
-    return [float(len(lx)), float(curve._lo), float(curve._hi), float(curve._ylo), float(curve._yhi), *lx, *y, *slope]
+class CoreCurve(ctypes.Structure):
+    """calibrate.pricing.CurveTable (``core_curve_t``)."""
+
+    _fields_ = [("n", ctypes.c_int64), ("lo", ctypes.c_double), ("hi", ctypes.c_double),
+                ("ylo", ctypes.c_double), ("yhi", ctypes.c_double), ("lx", ctypes.c_void_p),
+                ("y", ctypes.c_void_p), ("slope", ctypes.c_void_p)]
 
 
-def _range(r) -> tuple[int, list[float]]:
-    return (0, [0.0] * 4) if r is None else (1, [float(v) for v in r])
+class CoreOp(ctypes.Structure):
+    """calibrate.pricing.OperatorTable (``core_op_t``)."""
+
+    _fields_ = [("comp", CoreCurve), ("mem", CoreCurve), ("has_range", ctypes.c_int64),
+                ("range", ctypes.c_double * 4), ("peak", ctypes.c_double), ("kernels", ctypes.c_int64)]
 
 
-_DENSE_OPS = ("embedding", "norms", "qkv_proj", "rotary", "kv_cache_write", "o_proj", None, "mlp_act", "mlp_down",
-              "lm_head")
+# The dense operators the core prices itself, in calibrate.work.ShardShape.dense's order then the LM head.
+_DENSE_OPS = ("embedding", "norms", "qkv_proj", "rotary", "kv_cache_write", "o_proj", "mlp_up", "mlp_act",
+              "mlp_down", "lm_head")
 
 
-def _dense_params(cost) -> tuple[list[int], list[float], list[float]] | None:
-    """What the core needs to compute ``RooflineCostModel._dense`` itself (ip[100..], dp[30..], curves),
-    or None for models it leaves to Python (mixture of experts)."""
-    sh, m = cost.shard, cost.model
-    if m.is_moe:
-        return None
-    L = m.num_hidden_layers
-    f = sh.mlp_width
-    up = 2 * f if m.mlp_gated else f
-    names = [n or ("mlp_gate_up" if m.mlp_gated else "mlp_up") for n in _DENSE_OPS]
-    classes = ["elementwise", "elementwise", "gemm", "elementwise", "elementwise", "gemm", "gemm", "elementwise",
-               "gemm", "gemm"]
-    kernels = [1, 2 * L + 1, L, L, L, L, L, L, L, 1]
-    ints = [1, m.hidden_size, sh.heads, sh.kv_heads, sh.qkv_width, (sh.heads + sh.kv_heads) * m.head_dim,
-            sh.vocab, f, up, *kernels]
-    peaks, ranges, has, curves = [], [], [], []
-    for name, cls in zip(names, classes):
-        eff = cost._eff.get(name) or cost._eff.get(cls)
-        if eff is None:
-            return None
-        h, r = _range(eff.measured)
-        has.append(h)
-        ranges += r
-        peaks.append(float(cost._gemm_peak if cls == "gemm" else cost._peak16))
-        curves += _pack_curve(eff.compute) + _pack_curve(eff.memory)
-    floats = [float(sh.b_w), float(sh.b_kv), float(cost._launch), float(cost._link_lat), float(cost._link_bw),
-              *peaks, *ranges]
-    return ints + has, floats, curves
+class CoreCost(ctypes.Structure):
+    """calibrate.pricing.PricingTable and its DenseTable (``core_cost_t``)."""
+
+    _fields_ = ([(k, ctypes.c_int64) for k in ("layers", "heads", "head_dim", "tp")]
+                + [(k, ctypes.c_double) for k in ("kv_elt", "qo", "peak", "bw", "attn_launch", "host_step",
+                                                  "host_seq", "host_decode_step")]
+                + [("prefill", CoreOp), ("decode", CoreOp), ("dense_in_c", ctypes.c_int64)]
+                + [(k, ctypes.c_int64) for k in ("hidden", "q_heads", "kv_heads", "qkv_width", "rot_width",
+                                                 "vocab", "mlp_width", "up_width")]
+                + [(k, ctypes.c_double) for k in ("b_w", "b_kv", "launch", "link_lat", "link_bw")]
+                + [("ops", CoreOp * len(_DENSE_OPS))])
+
+
+class CoreParams(ctypes.Structure):
+    """One run's settings (``core_params_t``)."""
+
+    _fields_ = ([(k, ctypes.c_int64) for k in ("n_req", "n_rep", "block_size", "max_model_len", "max_queue_len",
+                                              "router", "has_horizon", "step_cap", "gap_cap")]
+                + [("horizon", ctypes.c_double)])
+
+
+def _fill_curve(c: CoreCurve, t, keep: list) -> None:
+    arrays = [np.array(v, dtype=np.float64) for v in (t.log_x, t.log_y, t.slope if t.slope else (0.0,))]
+    keep += arrays
+    c.n, c.lo, c.hi, c.ylo, c.yhi = len(t.log_x), t.lo, t.hi, t.y_lo, t.y_hi
+    c.lx, c.y, c.slope = (a.ctypes.data for a in arrays)
+
+
+def _fill_op(o: CoreOp, t, keep: list) -> None:
+    _fill_curve(o.comp, t.compute, keep)
+    _fill_curve(o.mem, t.memory, keep)
+    o.has_range = int(t.measured is not None)
+    for i, v in enumerate(t.measured or (0.0, 0.0, 0.0, 0.0)):
+        o.range[i] = float(v)
+    o.peak, o.kernels = t.peak_flops, t.kernels
+
+
+def _dense_in_c(dense) -> bool:
+    """Whether the core prices these dense operators itself (the ten of a dense model, in its order)."""
+    if dense is None:
+        return False
+    names = tuple("mlp_up" if o.name == "mlp_gate_up" else o.name for o in dense.operators)
+    return names == _DENSE_OPS
+
+
+def cost_struct(table, keep: list) -> CoreCost:
+    """The cost model's pricing table as the core reads it; ``keep`` holds the curve arrays alive."""
+    c = CoreCost()
+    c.layers, c.heads, c.head_dim, c.tp = table.layers, table.q_heads, table.head_dim, table.tp
+    c.kv_elt, c.qo, c.peak, c.bw = (table.kv_bytes_per_token_layer, table.qo_bytes_per_token_layer,
+                                    table.attention_peak_flops, table.bandwidth)
+    c.attn_launch, c.host_step, c.host_seq, c.host_decode_step = (table.attention_launch_s, table.host_step_s,
+                                                                  table.host_seq_s, table.host_decode_step_s)
+    _fill_op(c.prefill, table.prefill, keep)
+    _fill_op(c.decode, table.decode, keep)
+    d = table.dense
+    c.dense_in_c = int(_dense_in_c(d))
+    if c.dense_in_c:
+        c.hidden, c.q_heads, c.kv_heads, c.qkv_width = d.hidden_size, d.q_heads, d.kv_heads, d.qkv_width
+        c.rot_width, c.vocab, c.mlp_width, c.up_width = d.rotary_width, d.vocab, d.mlp_width, d.mlp_up_width
+        c.b_w, c.b_kv, c.launch, c.link_lat, c.link_bw = (d.weight_bytes, d.kv_bytes, d.launch_s, d.link_latency_s,
+                                                          d.link_bandwidth)
+        for i, op in enumerate(d.operators):
+            _fill_op(c.ops[i], op, keep)
+    return c
 
 
 @dataclass
@@ -359,10 +403,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
             if status == _NEED_DENSE:
                 lib.core_info(st, _ptr(info))
                 T, s = int(info[2]), int(info[3])
-                hit = cost._dense_cache.get((T, s))
-                if hit is None:
-                    hit = cost._dense(T, s)
-                dense[:] = [float(v) for v in hit]
+                dense[:] = [float(v) for v in cost.dense_totals(T, s)]
                 if lib.core_put_dense(st, T, s, _ptr(dense)):
                     raise MemoryError("the compiled core could not grow its cost table")
                 continue
@@ -409,7 +450,7 @@ def dense_totals(cost, keys) -> np.ndarray | None:
     from sim.types import Workload
 
     lib = library()
-    if lib is None or _dense_params(cost) is None:
+    if lib is None or not _dense_in_c(cost.pricing_table().dense):
         return None
     empty = Workload(arrival=np.zeros(0), prompt_tokens=np.zeros(0, dtype=np.int64),
                      output_tokens=np.zeros(0, dtype=np.int64))
@@ -446,30 +487,16 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
         raise RuntimeError(f"the compiled core cannot run this recipe: {recipe}")
     n, reps = len(workload), len(kv_blocks)
     pairs = _pairs(router_rng if router == "power_of_two" else None, reps, workload, horizon)
-    (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
-     pre, pre_mem, pre_range, _pd, dec, dec_mem, dec_range, _dd) = cost._attn
-    pre_has, pre_r = _range(pre_range)
-    dec_has, dec_r = _range(dec_range)
     rows = min(recipe.max_num_seqs, n)
     # NOTE: buffers shrink with many replicas (4096 replicas at full size would reserve ~19 GiB)
     step_cap = max(64, min(_STEP_CAP, (1 << 20) // reps))
     gap_cap = max(2 * rows + 16, min(_GAP_CAP, (1 << 21) // reps))
-    ip = np.array([n, reps, 0, 0, 0, block_size,
-                   0, max_model_len, -1 if max_queue_len is None else max_queue_len, _ROUTERS[router],
-                   0 if horizon is None else 1, L, h, dh, cost.tp, step_cap, gap_cap, pre_has, dec_has],
-                  dtype=np.int64)
-    dparams = _dense_params(cost)
-    ip = np.concatenate((ip, np.zeros(130 - len(ip), dtype=np.int64)))
-    if dparams is not None:
-        ip[100:100 + len(dparams[0])] = dparams[0]
-    dp = np.zeros(90, dtype=np.float64)
-    head = [0.0 if horizon is None else float(horizon), float(L4), float(kv_elt), float(qo), float(peak),
-            float(bw), float(l_launch), float(host0), float(host1), float(host0d), *pre_r, *dec_r]
-    dp[:len(head)] = head
-    if dparams is not None:
-        dp[30:30 + len(dparams[1])] = dparams[1]
-    curves = np.array(_pack_curve(pre.compute) + _pack_curve(pre_mem) + _pack_curve(dec.compute)
-                      + _pack_curve(dec_mem) + (dparams[2] if dparams is not None else []), dtype=np.float64)
+    params = CoreParams(n_req=n, n_rep=reps, block_size=block_size, max_model_len=max_model_len,
+                        max_queue_len=-1 if max_queue_len is None else max_queue_len, router=_ROUTERS[router],
+                        has_horizon=int(horizon is not None), step_cap=step_cap, gap_cap=gap_cap,
+                        horizon=0.0 if horizon is None else float(horizon))
+    keep: list = []
+    costs = cost_struct(cost.pricing_table(), keep)
     arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
     prompt = np.ascontiguousarray(workload.prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(workload.output_tokens, dtype=np.int64)
@@ -482,12 +509,13 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     g_gap = np.empty((reps, gap_cap), dtype=np.float64)
     info = np.zeros(_rep_info(reps), dtype=np.float64)
     dense = np.empty(7, dtype=np.float64)
-    st = lib.core_new(_ptr(ip), _ptr(dp), _ptr(curves), _ptr(arrival), _ptr(prompt), _ptr(output), _ptr(req_i),
-                      _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si), _ptr(g_rid), _ptr(g_gap), _ptr(pairs),
-                      ctypes.addressof(recipe))
+    st = lib.core_new(ctypes.addressof(params), ctypes.addressof(recipe), ctypes.addressof(costs), _ptr(arrival),
+                      _ptr(prompt), _ptr(output), _ptr(req_i), _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si),
+                      _ptr(g_rid), _ptr(g_gap), _ptr(pairs))
     if not st:
         raise MemoryError("the compiled core could not allocate its state")
-    return st, {"recipe": recipe, "pairs": pairs, "ip": ip, "dp": dp, "curves": curves, "arrival": arrival, "prompt": prompt, "output": output,
+    return st, {"params": params, "recipe": recipe, "costs": costs, "keep": keep, "pairs": pairs, "arrival": arrival,
+                "prompt": prompt, "output": output,
                 "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_rid": g_rid,
                 "g_gap": g_gap, "info": info, "dense": dense}
 
