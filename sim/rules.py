@@ -7,12 +7,16 @@ paged KV counter (sim/kv.py), the routers (sim/router.py) and the roofline
 cost model's pricing (calibrate/). Those rules are stated once, in Python;
 the core is written for one version of them. So that an edited rule is never
 silently ignored, the core carries a table of that version's *rules
-fingerprint*: one short hash per function or method of the modules in
-:data:`RULE_MODULES`, over its source with docstrings, comments and blank
-lines left out. ``sim.core`` compares the table with :func:`fingerprint` of
-the code actually loaded (monkeypatched functions included) and runs a
-scenario on the core only when they agree; otherwise the SimPy engine runs
-it, and the run's summary names the functions that differ.
+fingerprint* (:func:`fingerprint`): for each module of :data:`RULE_MODULES`
+a hash of its file (blank and comment-only lines left out), of each
+module-level constant, of which function each strategy-table entry is, and
+of each function and method by its own source (docstrings left out).
+``sim.core`` runs a scenario on the core only when the loaded code agrees
+with the table; otherwise the SimPy engine runs it, and the run's summary
+names what differs. The check is cheap (:func:`quick_fingerprint`, a few
+ms: the files, the constants, and that every function is still the one its
+module's file defines, so a monkeypatch counts); the per-function hashes
+are computed only to name what differs.
 
 A developer who changes one of these functions changes the core's
 interpreter to match (tests/test_core.py compares whole runs on both engines),
@@ -27,11 +31,12 @@ import importlib
 import inspect
 import re
 import sys
+import sysconfig
 import textwrap
 import types
 from pathlib import Path
 
-__all__ = ["RULE_MODULES", "fingerprint", "differences", "c_table", "update_c_table"]
+__all__ = ["RULE_MODULES", "fingerprint", "quick_fingerprint", "differences", "c_table", "update_c_table"]
 
 # The modules whose functions are rules the compiled core executes.
 RULE_MODULES = (
@@ -83,30 +88,105 @@ def _functions(obj) -> list[tuple[str, object]]:
     return out
 
 
-def fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> dict[str, str]:
-    """``{"module.name[.method]": hash}`` of the rules as they are loaded now."""
+def _rules_of(mod) -> list[tuple[str, object]]:
+    """``(name, function)`` for every function the module defines, its classes' methods and its
+    strategy tables' entries (``QUEUE_ORDERS[fcfs]``), as loaded now."""
+    modname = mod.__name__
+    out = []
+    for name, obj in sorted(vars(mod).items()):
+        if isinstance(obj, dict):  # tables of strategies (QUEUE_ORDERS, VICTIM_RULES)
+            items = [(f"[{k}]", v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))
+                     if isinstance(v, types.FunctionType)]
+        elif isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == modname:
+            items = [("", obj)]
+        else:
+            continue
+        for key, member in items:
+            out += [(f"{modname}.{name}{key}{suffix}", fn) for suffix, fn in _functions(member)]
+    return out
+
+
+_SIMPLE = (int, float, str, bool, type(None))
+_LIBRARY_PATHS = tuple(sorted({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}))
+
+
+def _constant(value) -> bool:
+    if isinstance(value, _SIMPLE):
+        return True
+    return isinstance(value, (tuple, frozenset)) and all(isinstance(v, _SIMPLE) for v in value)
+
+
+def _file_text(path: str) -> str:
+    """A module file's lines less blank and comment-only ones."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return "?"
+    return "\n".join(line.rstrip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def quick_fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> tuple[dict[str, str], list[str]]:
+    """The cheap part of :func:`fingerprint` (each module's file, its constants) and the names of
+    functions that are not the ones their module's file defines (monkeypatched), in a few ms."""
     table: dict[str, str] = {}
+    patched: list[str] = []
     for modname in modules:
         mod = importlib.import_module(modname)
-        for name, obj in sorted(vars(mod).items()):
-            if isinstance(obj, dict):  # tables of strategies (QUEUE_ORDERS, VICTIM_RULES)
-                items = [(f"[{k}]", v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))
-                         if isinstance(v, types.FunctionType)]
-            elif isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == modname:
-                items = [("", obj)]
-            else:
-                continue
-            for key, member in items:
-                for suffix, fn in _functions(member):
-                    text = _normalised(fn)
-                    table[f"{modname}.{name}{key}{suffix}"] = hashlib.sha256(text.encode()).hexdigest()[:12]
+        path = getattr(mod, "__file__", None) or "?"
+        table[f"file:{modname}"] = _short(_file_text(path))
+        for name, value in sorted(vars(mod).items()):
+            if not name.startswith("__") and _constant(value):
+                table[f"const:{modname}.{name}"] = _short(repr(value))
+        for name, fn in _rules_of(mod):
+            qual = name[len(modname) + 1:]
+            if "[" in qual:  # a strategy table's entry: which function it is
+                table[f"entry:{name}"] = _short(f"{fn.__module__}.{fn.__qualname__}")
+            elif not _as_defined(fn, path, qual.removesuffix(".get").removesuffix(".set")):
+                patched.append(name)
+    return table, patched
+
+
+def _generated(fn) -> bool:
+    """A method made by a library from declarations (dataclass, NamedTuple, pydantic): the
+    declarations are in the module's file, which is hashed whole."""
+    where = fn.__code__.co_filename
+    return where.startswith("<") or any(where.startswith(p) for p in _LIBRARY_PATHS)
+
+
+def _as_defined(fn, path: str, qual: str) -> bool:
+    """Whether ``fn`` is the function the module's file defines under ``qual`` (not a monkeypatch)."""
+    code = fn.__code__
+    if code.co_filename != path:
+        return _generated(fn)
+    return code.co_name == fn.__name__ and (fn.__qualname__ == qual or "<locals>" in fn.__qualname__)
+
+
+def fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> dict[str, str]:
+    """``{name: hash}`` of the rules as they are loaded now: each module file and constant
+    (:func:`quick_fingerprint`) and each function and method, by its own source."""
+    table, _ = quick_fingerprint(modules)
+    for modname in modules:
+        for name, fn in _rules_of(importlib.import_module(modname)):
+            if not _generated(fn):
+                table[name] = _short(_normalised(fn))
     return table
 
 
-def differences(expected: dict[str, str], actual: dict[str, str] | None = None) -> list[str]:
-    """The names whose hash differs, or that only one of the tables has (sorted)."""
-    actual = fingerprint() if actual is None else actual
-    return sorted(k for k in set(expected) | set(actual) if expected.get(k) != actual.get(k))
+def differences(expected: dict[str, str]) -> list[str]:
+    """What differs between the loaded rules and ``expected`` (a core's table), sorted: the
+    functions whose source differs or that were replaced, else the modules or constants."""
+    quick, patched = quick_fingerprint()
+    if not patched and all(expected.get(k) == v for k, v in quick.items()) and \
+            not any(k.startswith(("file:", "const:", "entry:")) and k not in quick for k in expected):
+        return []
+    actual = fingerprint()
+    diff = sorted(k for k in set(expected) | set(actual) if expected.get(k) != actual.get(k))
+    funcs = sorted(set(patched) | {k for k in diff if ":" not in k})
+    return funcs or diff
 
 
 def parse_table(text: str) -> dict[str, str]:

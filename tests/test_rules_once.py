@@ -40,11 +40,11 @@ needs_core = pytest.mark.skipif(core.library() is None, reason="no C compiler: t
 DECODE_FIRST = (Move("decodes"), Move("admit", unless=("rows",)))
 
 
-def _scenario(policy: dict | None = None, engine: str = "auto", n: int = 300) -> dict:
+def _scenario(policy: dict | None = None, engine: str = "auto", n: int = 300, rate: float = 12.0) -> dict:
     return {
         "name": "rules-once", "model": "llama-3-8b", "hardware": "h100-sxm",
         "policy": policy or {"name": "continuous"}, "engine": engine, "seed": 3,
-        "workload": {"num_requests": n, "arrival": {"process": "poisson", "rate": 12.0},
+        "workload": {"num_requests": n, "arrival": {"process": "poisson", "rate": rate},
                      "prompt_tokens": {"dist": "lognormal", "median": 500, "p90": 2000, "max": 6000},
                      "output_tokens": {"dist": "lognormal", "median": 120, "p90": 400, "max": 800}},
     }
@@ -122,6 +122,26 @@ def test_a_monkeypatched_interpreter_method_runs_on_the_simpy_engine(monkeypatch
     assert auto.summary["engine"] == "python"
     assert "policies.step.StepBuilder.admit" in auto.summary["engine_reason"]
     assert _digest(auto) == _digest(ref) != _digest(before)
+
+
+@needs_core
+def test_a_changed_constant_or_strategy_entry_runs_on_the_simpy_engine(monkeypatch):
+    import calibrate.work
+    import policies.ordering
+
+    before = _run(_scenario())
+    monkeypatch.setattr(calibrate.work, "B_ACT", 4.0)  # activations in fp32: a cost formula's constant
+    auto = _run(_scenario())
+    assert auto.summary["engine"] == "python" and "calibrate.work.B_ACT" in auto.summary["engine_reason"]
+    assert _digest(auto) == _digest(_run(_scenario(engine="python"))) != _digest(before)
+    monkeypatch.undo()
+
+    busy = _run(_scenario(rate=60.0))
+    monkeypatch.setitem(policies.ordering.QUEUE_ORDERS, "fcfs", lambda waiting: list(reversed(waiting)))
+    auto = _run(_scenario(rate=60.0))
+    assert auto.summary["engine"] == "python"
+    assert "policies.ordering.QUEUE_ORDERS[fcfs]" in auto.summary["engine_reason"]
+    assert _digest(auto) == _digest(_run(_scenario(engine="python", rate=60.0))) != _digest(busy)
 
 
 def test_an_outside_policy_runs_on_the_simpy_engine_and_says_why():
