@@ -25,6 +25,9 @@ move                   what it schedules (policies/step.py, StepBuilder)
 ``admit_chunks``       waiting prompts' first chunks, ``min(pending, budget left)``
 =====================  ==========================================================
 
+Each move appears at most once, and a recipe admits whole prompts or chunks,
+not both: the moves then take disjoint sets of sequences.
+
 =====================  ==========================================================
 ``unless``             the move is skipped when
 =====================  ==========================================================
@@ -91,6 +94,13 @@ class IterationRecipe:
     def __post_init__(self) -> None:
         if not isinstance(self.moves, tuple) or not all(isinstance(m, Move) for m in self.moves):
             raise ValueError(f"IterationRecipe.moves must be a tuple of Move, got {self.moves!r}")
+        kinds = [m.kind for m in self.moves]
+        # NOTE: each move takes sequences no earlier move can have taken: decodes (running plain
+        # decodes), partial prefills (running prompts), admissions (waiting ones, whole or chunked).
+        # A move twice, or both admissions, would schedule or reject a sequence twice.
+        if len(set(kinds)) != len(kinds) or {"admit", "admit_chunks"} <= set(kinds):
+            raise ValueError(f"IterationRecipe.moves {kinds}: each move at most once, and admit or "
+                             "admit_chunks, not both")
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _one_of("queue order", self.order, ORDERS)

@@ -224,12 +224,15 @@ def _recipe_of(policy) -> tuple[object | None, str | None]:
         return None, f"policy {name!r} is not a recipe policy (its own schedule runs on the SimPy engine)"
     if type(policy).schedule is not RecipePolicy.schedule or "schedule" in vars(policy):
         return None, f"policy {name!r} overrides schedule (its own rules run on the SimPy engine)"
+    if any("recipe" in vars(c) for c in type(policy).__mro__) or "recipe" not in vars(policy):
+        return None, f"policy {name!r} computes its recipe as it runs (the core reads it once)"
     return policy.recipe, None
 
 
 def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=None,
-                max_queue_len: int | None = None) -> str | None:
-    """Why the compiled core cannot run this scenario, or None when it can (with the same rules)."""
+                max_queue_len: int | None = None, others=()) -> str | None:
+    """Why the compiled core cannot run this scenario, or None when it can (with the same rules).
+    ``others``: the other replicas' policies (the core runs one recipe on every replica)."""
     from calibrate.costmodel import RooflineCostModel
     from sim.engine import Replica
     from sim.kv import PagedKVCache
@@ -239,6 +242,8 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
     recipe, why = _recipe_of(policy)
     if why is not None:
         return why
+    if any(type(p) is not type(policy) or _recipe_of(p) != (recipe, None) for p in others):
+        return "replicas whose policies or recipes differ (the core runs one recipe on every replica)"
     rc = recipe_struct(recipe)
     if isinstance(rc, str):
         return rc

@@ -142,9 +142,22 @@ class Replica:
         yield self.env.any_of(events)
         self._wake = None
 
+    def _check_names(self, plan: BatchPlan) -> None:
+        """Every rid a plan names is on this replica, and none is both rejected and scheduled."""
+        seqs, name = self.seqs, self.policy.name
+        for what, rids in (("scheduled", plan.num_tokens), ("rejected", plan.reject),
+                           ("preempted", plan.preempt), ("released", plan.release)):
+            for rid in rids:
+                if rid not in seqs:
+                    raise PolicyError(f"{name}: {what} rid {rid} is not waiting or running on this replica")
+        for rid in plan.reject:
+            if rid in plan.num_tokens:
+                raise PolicyError(f"{name}: rid {rid} is both rejected and scheduled")
+
     def _admit(self, plan: BatchPlan) -> int:
         """Apply release, reject, preempt, then admit; returns how many were preempted."""
         now, seqs, kv = self.env.now, self.seqs, self.kv
+        self._check_names(plan)
         for rid in plan.release:
             seq = seqs.pop(rid)
             if not seq.finished:

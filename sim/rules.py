@@ -26,6 +26,7 @@ then refreshes the table: ``python -m sim.rules --update``.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import inspect
@@ -41,9 +42,13 @@ __all__ = ["RULE_MODULES", "fingerprint", "quick_fingerprint", "differences", "c
 # The modules whose functions are rules the compiled core executes.
 RULE_MODULES = (
     "policies.base", "policies.ordering", "policies.recipe", "policies.rules", "policies.step",
-    "policies.padded", "sim.engine", "sim.kv", "sim.state", "sim.router",
+    "policies.padded", "sim.engine", "sim.kv", "sim.state", "sim.router", "sim.types",
     "calibrate.costmodel", "calibrate.curves", "calibrate.work",
 )
+
+# Modules that wire the rules together for the SimPy engine (the runner builds replicas, caches and
+# routers from these names): their bindings must be the rules' own, whatever else changes in them.
+WIRING_MODULES = ("sim.runner",)
 
 _C_SOURCE = Path(__file__).with_name("_core.c")
 _BEGIN = "/* BEGIN RULES FINGERPRINT (python -m sim.rules --update) */"
@@ -139,22 +144,67 @@ def quick_fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> tuple[dict[str
         path = getattr(mod, "__file__", None) or "?"
         table[f"file:{modname}"] = _short(_file_text(path))
         for name, value in sorted(vars(mod).items()):
-            if not name.startswith("__") and _constant(value):
+            if name.startswith("__"):
+                continue
+            if _constant(value):
                 table[f"const:{modname}.{name}"] = _short(repr(value))
+                continue
+            origin = _origin(value)  # imported names and aliases too (policies.step.held_blocks)
+            if origin == "?":
+                patched.append(f"{modname}.{name}")
+            elif origin is not None:
+                table[f"bind:{modname}.{name}"] = _short(origin)
         for name, fn in _rules_of(mod):
             qual = name[len(modname) + 1:]
             if "[" in qual:  # a strategy table's entry: which function it is
                 table[f"entry:{name}"] = _short(f"{fn.__module__}.{fn.__qualname__}")
             elif not _as_defined(fn, path, qual.removesuffix(".get").removesuffix(".set")):
                 patched.append(name)
+    for modname in WIRING_MODULES:
+        for name, value in sorted(vars(importlib.import_module(modname)).items()):
+            origin = _origin(value)
+            home = sys.modules.get(getattr(value, "__module__", None) or "")
+            if origin == "?" or (origin is not None and getattr(home, getattr(value, "__name__", ""), None)
+                                 is not value):
+                patched.append(f"{modname}.{name}")
     return table, patched
+
+
+_OURS = str(Path(__file__).resolve().parents[1])  # the folder that holds the rule modules' packages
+# (checked after the library paths: a virtual environment may live inside the project's folder)
+
+
+def _library(where: str) -> bool:
+    return where == "<builtin>" or any(where.startswith(p) for p in _LIBRARY_PATHS)
+
+
+def _origin(obj) -> str | None:
+    """What a module-level name is bound to: ``module.qualname`` for the project's own functions
+    and classes, None for a library's (numpy, typing, the standard library, builtins), or '?' for
+    anything else (a function of a test, a notebook, ``python -c``, a partial: a monkeypatch)."""
+    if isinstance(obj, types.ModuleType) or not callable(obj):
+        return None
+    if isinstance(obj, functools.partial):
+        return "?"
+    if isinstance(obj, types.FunctionType):
+        where = obj.__code__.co_filename
+    elif isinstance(obj, type):
+        where = getattr(sys.modules.get(obj.__module__), "__file__", None) or "<builtin>"
+    else:  # a C function, a bound method or a library's callable object (np.add.reduce, typing.Callable)
+        where = getattr(sys.modules.get(type(obj).__module__), "__file__", None) or "<builtin>"
+        return None if _library(where) else "?"
+    if _library(where):
+        return None
+    if where.startswith(_OURS):
+        return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+    return "?"
 
 
 def _generated(fn) -> bool:
     """A method made by a library from declarations (dataclass, NamedTuple, pydantic): the
     declarations are in the module's file, which is hashed whole."""
     where = fn.__code__.co_filename
-    return where.startswith("<") or any(where.startswith(p) for p in _LIBRARY_PATHS)
+    return where.startswith("<") or _library(where)
 
 
 def _as_defined(fn, path: str, qual: str) -> bool:
@@ -181,7 +231,7 @@ def differences(expected: dict[str, str]) -> list[str]:
     functions whose source differs or that were replaced, else the modules or constants."""
     quick, patched = quick_fingerprint()
     if not patched and all(expected.get(k) == v for k, v in quick.items()) and \
-            not any(k.startswith(("file:", "const:", "entry:")) and k not in quick for k in expected):
+            not any(k.startswith(("file:", "const:", "entry:", "bind:")) and k not in quick for k in expected):
         return []
     actual = fingerprint()
     diff = sorted(k for k in set(expected) | set(actual) if expected.get(k) != actual.get(k))
@@ -222,8 +272,11 @@ def main(argv: list[str]) -> int:
     if argv:
         print("usage: python -m sim.rules [--update]", file=sys.stderr)
         return 2
-    for k, v in sorted(fingerprint().items()):
-        print(v, k)
+    try:
+        for k, v in sorted(fingerprint().items()):
+            print(v, k)
+    except BrokenPipeError:  # (piped into head)
+        sys.stderr.close()
     return 0
 
 

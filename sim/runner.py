@@ -114,7 +114,7 @@ def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
     return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
 
 
-def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type) -> str | None:
+def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type, others=()) -> str | None:
     """None when the compiled core runs this scenario, else why the SimPy engine runs it.
 
     The core runs only what it can show it runs with the same rules
@@ -124,7 +124,7 @@ def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type) ->
     if scenario.engine == "python":
         return "engine: python was asked for"
     why = core.unsupported(policy, parts.cost, scenario.router, replica, kv_type, parts.workload,
-                           scenario.max_queue_len)
+                           scenario.max_queue_len, others)
     if why is None and core.library() is None:
         why = f"the compiled core could not be built ({core.library_error()})"
     if why is None:
@@ -149,7 +149,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
     caches = [_kv_cache(parts, p.config) for p in pols]
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
-    why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]))
+    why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]), pols[1:])
     use_core = why is None
     if use_core:
         ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],

@@ -144,6 +144,78 @@ def test_a_changed_constant_or_strategy_entry_runs_on_the_simpy_engine(monkeypat
     assert _digest(auto) == _digest(_run(_scenario(engine="python", rate=60.0))) != _digest(busy)
 
 
+@needs_core
+@pytest.mark.parametrize("patch", ["wraps", "imported_name", "runner_wiring", "alias"])
+def test_subtler_monkeypatches_run_on_the_simpy_engine(monkeypatch, patch):
+    """Found by review: a functools.wraps wrapper, a rebound imported name, the runner's wiring, an alias."""
+    import functools
+
+    import calibrate.costmodel
+    import policies.step
+    import sim.router
+    import sim.runner
+
+    if patch == "wraps":
+        original = StepBuilder.admit
+
+        @functools.wraps(original)
+        def one_admission(self, candidates, chunked):
+            self.slots = min(self.slots, 1)
+            return original(self, candidates, chunked)
+
+        monkeypatch.setattr(StepBuilder, "admit", one_admission)
+    elif patch == "imported_name":
+        monkeypatch.setattr(policies.step, "held_blocks", lambda kv, seq, reserve=0: 0)
+    elif patch == "runner_wiring":
+        real = sim.router.make_router
+        monkeypatch.setattr(sim.runner, "make_router", lambda name, rng: real("round_robin", rng))
+    else:
+        monkeypatch.setattr(calibrate.costmodel, "_sum", lambda a: 2 * a.sum())
+    sc = _scenario(dict(name="continuous", gpu_memory_utilization=0.3), rate=40.0)
+    if patch == "runner_wiring":
+        sc.update(replicas=2, router="least_kv")
+    auto = _run(sc)
+    assert auto.summary["engine"] == "python", patch
+    assert _digest(auto) == _digest(_run(dict(sc, engine="python")))
+
+
+def test_recipes_that_would_take_a_sequence_twice_are_refused():
+    for moves in [(Move("decodes"), Move("admit"), Move("admit_chunks")), (Move("admit"), Move("admit")),
+                  (Move("decodes"), Move("decodes"), Move("admit"))]:
+        with pytest.raises(ValueError, match="each move at most once"):
+            IterationRecipe(moves=moves, max_num_seqs=4, max_num_batched_tokens=64)
+
+
+def test_one_recipe_for_every_replica_and_read_once(monkeypatch):
+    calls = []
+    orig = ContinuousPolicy.make_recipe
+
+    def alternating(self):  # a different recipe on every other replica
+        calls.append(1)
+        r = orig(self)
+        return replace(r, moves=DECODE_FIRST) if len(calls) % 2 == 0 else r
+
+    monkeypatch.setattr(ContinuousPolicy, "make_recipe", alternating)
+    res = _run(dict(_scenario(), replicas=2, router="round_robin"))
+    assert res.summary["engine"] == "python" and "recipes differ" in res.summary["engine_reason"]
+    monkeypatch.undo()
+
+    res = _run(_scenario({"name": f"{__name__}:DriftingPolicy"}, n=40))
+    assert res.summary["engine"] == "python" and "computes its recipe" in res.summary["engine_reason"]
+
+
+class DriftingPolicy(ContinuousPolicy):
+    """A recipe computed at every step (a property): the core, which reads it once, must not run it."""
+
+    @property
+    def recipe(self):
+        return self.make_recipe()
+
+    @recipe.setter
+    def recipe(self, value):
+        pass
+
+
 def test_an_outside_policy_runs_on_the_simpy_engine_and_says_why():
     sys.path.insert(0, str(ROOT / "examples" / "ci" / "plugin"))
     try:
