@@ -93,10 +93,10 @@ def _write(path: str, data: dict) -> None:
 
 def _progress() -> dict:
     """How far the simulation got, found by walking the live objects (only on timeout)."""
-    from sim.aggregate import StepTotals
-    from sim.engine import Cluster
-    from sim.records import StepLog
-    from sim.state import COMPLETED
+    from batchsim.sim.aggregate import StepTotals
+    from batchsim.sim.engine import Cluster
+    from batchsim.sim.records import StepLog
+    from batchsim.sim.state import COMPLETED
 
     got = {"steps": 0, "arrived": 0, "completed": 0, "sim_s": 0.0}
     for obj in gc.get_objects():
@@ -106,7 +106,7 @@ def _progress() -> dict:
             got["arrived"] += len(obj.requests)
             got["completed"] += sum(1 for s in obj.requests if s.status == COMPLETED)
             got["sim_s"] = max(got["sim_s"], float(obj.env.now))
-    from sim import core
+    from batchsim import core
 
     ran = core.progress()  # the compiled core keeps its state in C: ask it
     if ran is not None:
@@ -131,8 +131,8 @@ def _on_timeout(out: str, t0: list[float], calibration: list[tuple[float, float]
 
 def run(spec: dict, out: str) -> dict:
     """Calibrate, then build and simulate ``spec["scenario"]``; the measurements."""
-    from sim.config import scenario_from_dict
-    from sim.runner import build_parts, simulate
+    from batchsim.app.config import scenario_from_dict
+    from batchsim.app.runner import build_parts, simulate
 
     import_rss = peak_rss_mb()
     calibration = time_calibration(3)

@@ -34,7 +34,7 @@ __all__ = ["ROOT", "SCHEMA", "Limits", "run_case", "run_suite", "new_document", 
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = 1
-_CODE_DIRS = ("sim", "policies", "workloads", "calibrate")
+_CODE_DIRS = ("batchsim",)
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 

@@ -95,7 +95,7 @@ class BenchCase:
         return SATURATION_RPS[self.policy] * LOADS[self.load] * self.replicas
 
     def scenario(self) -> dict:
-        """The scenario mapping (validated by ``sim.config.scenario_from_dict`` in the child)."""
+        """The scenario mapping (validated by ``batchsim.app.config.scenario_from_dict`` in the child)."""
         return {
             "name": f"bench {self.key}",
             "model": MODEL,
@@ -110,7 +110,7 @@ class BenchCase:
                 "prompt_tokens": dict(PROMPT_TOKENS),
                 "output_tokens": dict(OUTPUT_TOKENS),
             },
-            # NOTE: aggregate records keep memory bounded (sim/aggregate.py):
+            # NOTE: aggregate records keep memory bounded (batchsim/sim/aggregate.py):
             # what a user replaying a million requests would use.
             "measure": {"step_records": False, "records": "aggregate"},
         }

@@ -92,7 +92,7 @@ if [ "$DEVICE" != cpu ]; then
 fi
 
 echo "== calibrate $DEVICE with $MODEL's shapes (${ROUNDS:-default} rounds)"
-timeout "$LIMIT_CAL" "$PY" -m sim.cli calibrate --device "$DEVICE" $QUICK --model "$MODEL" \
+timeout "$LIMIT_CAL" "$PY" -m batchsim.app.cli calibrate --device "$DEVICE" $QUICK --model "$MODEL" \
   ${ROUNDS:+--rounds "$ROUNDS"} --evidence "$OUT/calibration" --out "$OUT/profile.yaml" 2>&1 | tee "$OUT/calibrate.log"
 cal=${PIPESTATUS[0]}
 pack "calibration exited $cal"
@@ -101,7 +101,7 @@ pack "calibration exited $cal"
 status=0
 for m in "$MODEL" "$OTHER"; do
   echo "== validate $m on $DEVICE"
-  timeout "$LIMIT_VAL" "$PY" -m sim.cli validate --device "$DEVICE" --profile "$OUT/profile.yaml" --model "$m" \
+  timeout "$LIMIT_VAL" "$PY" -m batchsim.app.cli validate --device "$DEVICE" --profile "$OUT/profile.yaml" --model "$m" \
     --rate "$RATE" --requests "$REQUESTS" --step-repeats "$STEP_REPEATS" --out "$OUT/validate-$m" 2>&1 | tee "$OUT/validate-$m.log"
   v=${PIPESTATUS[0]}
   [ "$v" = 0 ] || status=1
@@ -109,5 +109,5 @@ for m in "$MODEL" "$OTHER"; do
 done
 
 echo "== results in $OUT: profile.yaml, calibration/, calibrate.log, validate-*/validate.{json,csv,png}"
-echo "   copy the profile to calibrate/profiles/ and the numbers into docs/validation.md"
+echo "   copy the profile to batchsim/calibrate/profiles/ and the numbers into docs/validation.md"
 exit $status

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", choices=["auto", "python", "core"], default=None)
     ap.add_argument("--only", default="", help="substring of the scenario names to run")
     args = ap.parse_args(argv)
-    from sim.config import scenario_from_dict
-    from sim.runner import run_scenario, write_outputs
+    from batchsim.app.config import scenario_from_dict
+    from batchsim.app.runner import run_scenario, write_outputs
 
     for name, sc in scenarios(args.requests):
         if args.only not in name:

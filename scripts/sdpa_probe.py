@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from calibrate.executor import ReferenceModel, Row  # noqa: E402
-from calibrate.kernels import decode_attention, resolve_device, synchronize  # noqa: E402
-from calibrate.models import load_model  # noqa: E402
+from batchsim.calibrate.executor import ReferenceModel, Row  # noqa: E402
+from batchsim.calibrate.kernels import decode_attention, resolve_device, synchronize  # noqa: E402
+from batchsim.calibrate.models import load_model  # noqa: E402
 
 
 def probe(device: torch.device, batch: int, steps: int, start: int = 300) -> float:

@@ -1,7 +1,7 @@
 """Per-policy step-time errors of a recorded validation, with the slow host stretches set apart.
 
     python scripts/step_errors.py docs/validation-h200/validate-llama-3-8b \\
-        [--recorded docs/validation-h200/profile-device.yaml --profile calibrate/profiles/h200-bf16.yaml]
+        [--recorded docs/validation-h200/profile-device.yaml --profile batchsim/calibrate/profiles/h200-bf16.yaml]
 
 Reads each policy's executor_step_times.csv (measured and predicted seconds,
 the host's enqueue time) and executor_steps.csv (which steps had decode rows),
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from calibrate.hardware import load_hardware  # noqa: E402
+from batchsim.calibrate.hardware import load_hardware  # noqa: E402
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from calibrate.hardware import HardwareProfile, load_hardware
-from sim.engine import Cluster, Replica
-from sim.kv import PagedKVCache
-from sim.metrics import RunTotals, summarize
-from sim.records import ItlLog, StepLog, request_frame
-from sim.router import make_router
-from sim.types import StepCost, StepShape, Workload
+from batchsim.calibrate.hardware import HardwareProfile, load_hardware
+from batchsim.sim.engine import Cluster, Replica
+from batchsim.sim.kv import PagedKVCache
+from batchsim.sim.metrics import RunTotals, summarize
+from batchsim.sim.records import ItlLog, StepLog, request_frame
+from batchsim.sim.router import make_router
+from batchsim.sim.types import StepCost, StepShape, Workload
 
 
 class ConstantCost:
@@ -108,7 +108,7 @@ def written(result, folder) -> dict[str, bytes]:
     records, as bytes by name."""
     import json
 
-    from sim.runner import write_outputs
+    from batchsim.app.runner import write_outputs
 
     out = write_outputs(result, folder)
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}

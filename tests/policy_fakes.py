@@ -1,7 +1,7 @@
 """Plain fake objects for testing policies without SimPy.
 
 :class:`FakeSeq`, :class:`FakeKV` and :class:`FakeView` implement the
-:mod:`sim.protocols` views with dataclasses. :func:`apply` plays the engine's
+:mod:`batchsim.sim.protocols` views with dataclasses. :func:`apply` plays the engine's
 part for one plan, in the contract's order (release, reject, preempt, admit
 and grow KV, then run the step), and raises :class:`ContractError` wherever
 the real engine would refuse the plan. :func:`simulate` drives a policy over
@@ -15,8 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from policies.base import PolicyConfig
-from sim.types import BatchPlan
+from batchsim.policies.base import PolicyConfig
+from batchsim.sim.types import BatchPlan
 
 __all__ = ["ContractError", "FakeSeq", "FakeKV", "FakeView", "make_view", "decoding", "apply", "simulate", "Run",
            "OneAtATime"]

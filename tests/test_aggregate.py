@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.aggregate import STEP_CHUNK, ItlAggregate, StepTotals
-from sim.config import scenario_from_dict
-from sim.runner import build_parts, simulate, write_outputs
+from batchsim.sim.aggregate import STEP_CHUNK, ItlAggregate, StepTotals
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, simulate, write_outputs
 
 ITL_PCT = {"median_itl_ms", "p90_itl_ms", "p99_itl_ms"}
 

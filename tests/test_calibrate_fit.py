@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from calibrate.costmodel import RooflineCostModel
-from calibrate.fit import (ELEMENTWISE, HELD_OUT_GEMM, Case, Sample, _grid, fit_class, fit_efficiency, fit_host,
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.fit import (ELEMENTWISE, HELD_OUT_GEMM, Case, Sample, _grid, fit_class, fit_efficiency, fit_host,
                            held_out_error, plan_steps, predict_seconds, samples_of, step_works)
-from calibrate.hardware import Efficiency, HardwareProfile, load_hardware
-from calibrate.models import load_model
-from calibrate.work import ShardShape
-from sim.types import StepShape
+from batchsim.calibrate.hardware import Efficiency, HardwareProfile, load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim.calibrate.work import ShardShape
+from batchsim.sim.types import StepShape
 
 TINY = load_model("tiny-llama")
 

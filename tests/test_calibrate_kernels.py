@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
-from calibrate import kernels as K  # noqa: E402
-from sim.errors import InputError  # noqa: E402
+from batchsim.calibrate import kernels as K  # noqa: E402
+from batchsim.sim.errors import InputError  # noqa: E402
 
 CPU = torch.device("cpu")
 

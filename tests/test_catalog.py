@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from calibrate.default_curves import DEVICE_PARAMS, default_efficiency, gemm_shape
-from calibrate.hardware import OP_CLASSES, HardwareProfile, hardware_names, load_hardware, save_hardware
-from calibrate.models import ModelSpec, load_model, model_names, param_count, weight_params
-from sim.errors import InputError
+from batchsim.calibrate.default_curves import DEVICE_PARAMS, default_efficiency, gemm_shape
+from batchsim.calibrate.hardware import OP_CLASSES, HardwareProfile, hardware_names, load_hardware, save_hardware
+from batchsim.calibrate.models import ModelSpec, load_model, model_names, param_count, weight_params
+from batchsim.sim.errors import InputError
 
 # Published parameter counts (model cards / papers), in billions.
 PUBLISHED_PARAMS = {

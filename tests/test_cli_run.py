@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def batchsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-c", "from sim.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from batchsim.app.cli import main; main()", *args],
                           capture_output=True, text=True, cwd=cwd or ROOT, timeout=300)
 
 

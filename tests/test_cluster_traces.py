@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import scenario_from_dict
-from sim.runner import build_parts, run_scenario, simulate
-from sim.types import Workload
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, run_scenario, simulate
+from batchsim.sim.types import Workload
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 AZURE = TRACES / "azure2023_AzureLLMInferenceTrace_code.csv"
@@ -84,7 +84,7 @@ def test_azure_code_trace_replays_through_each_policy(policy):
 
 def _direct_reuse(wl: Workload, unit: int, capacity_units: int) -> float:
     """Hit rate of an LRU cache of ``capacity_units`` prefix units, straight from
-    hash_ids in arrival order, with the lookup rule of sim.prefix (full units,
+    hash_ids in arrival order, with the lookup rule of batchsim.sim.prefix (full units,
     at least one prompt token recomputed)."""
     cache: OrderedDict[int, None] = OrderedDict()
     looks = hits = 0

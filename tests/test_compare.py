@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from reports.report import COMPARE_FIGURES
-from reports.tables import summary_frame
-from sim.cli import app
-from sim.compare import (DEFAULT_POLICIES, compare, describe_workload, parse_policies, report_info, with_policy,
+from batchsim.reports.report import COMPARE_FIGURES
+from batchsim.reports.tables import summary_frame
+from batchsim.app.cli import app
+from batchsim.app.compare import (DEFAULT_POLICIES, compare, describe_workload, parse_policies, report_info, with_policy,
                          with_seed, write_comparison)
-from sim.config import load_scenario, scenario_from_dict
-from sim.errors import InputError
-from sim.io import write_csv
+from batchsim.app.config import load_scenario, scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.sim.io import write_csv
 from tests.test_report_html import assert_one_series_per_policy, assert_png_not_blank, check_html
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -150,7 +150,7 @@ def test_cli_compare_without_a_scenario_runs_the_builtin_example(tmp_path):
 def test_cli_bad_policy_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
     import sys
 
-    from sim.cli import main
+    from batchsim.app.cli import main
 
     monkeypatch.setattr(sys, "argv", ["batchsim", "compare", str(PINNED), "--policies", "nope",
                                       "--out", str(tmp_path)])

@@ -1,8 +1,8 @@
-"""The compiled core (sim/_core.c) against the Python engine: the same
+"""The compiled core (batchsim/core/_core.c) against the Python engine: the same
 scenario gives the same records, byte for byte.
 
 The core is a second executor of the same rules: it interprets the built-in
-policies' recipes (policies/recipe.py) and the SimPy engine's step-by-step
+policies' recipes (batchsim/policies/recipe.py) and the SimPy engine's step-by-step
 semantics in C. Every test here runs a scenario through both
 (``engine: python`` and ``engine: core``) and compares what they write:
 requests, steps, inter-token gaps and the summary (less the keys that say
@@ -20,13 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calibrate.costmodel import RooflineCostModel
-from calibrate.hardware import load_hardware
-from calibrate.models import load_model
-from sim import core
-from sim.config import scenario_from_dict
-from sim.errors import InputError
-from sim.runner import Parts, build_parts, simulate
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.hardware import load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim import core
+from batchsim.app.config import scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.runner import Parts, build_parts, simulate
 from tests.engine_helpers import POLICIES, _calibrated_like, _scenario, outcome, written
 from tests.test_properties import POLICY_SPECS, workloads
 
@@ -247,7 +247,7 @@ def test_many_idle_deadlines_pending_at_once(tmp_path):
 
 
 def _dense_cases():
-    from calibrate.models import load_model as lm
+    from batchsim.calibrate.models import load_model as lm
     out = []
     for model in ("llama-3-8b", "llama-2-7b", "llama-3-70b", "qwen2.5-7b", "mistral-7b", "yi-34b", "tiny-llama",
                   "tiny-llama-wide", "llama-3.1-405b", "mixtral-8x7b"):
@@ -302,7 +302,7 @@ def test_a_curve_read_just_below_its_last_point(tmp_path):
     (Python used to index past its slopes)."""
     import math
 
-    from calibrate.hardware import HardwareProfile
+    from batchsim.calibrate.hardware import HardwareProfile
 
     data = load_hardware("h100-sxm").model_dump(mode="json")
     base = RooflineCostModel(load_model("llama-3-8b"), load_hardware("h100-sxm"))
@@ -322,7 +322,7 @@ def test_a_curve_read_just_below_its_last_point(tmp_path):
 
 
 def test_an_empty_prompt_fails_the_same_way_on_auto():
-    from sim.protocols import PolicyError
+    from batchsim.sim.protocols import PolicyError
     from tests.engine_helpers import workload as mk
 
     raw = _scenario(POLICIES["continuous"])
@@ -335,7 +335,7 @@ def test_an_empty_prompt_fails_the_same_way_on_auto():
 
 def test_progress_reports_a_run_in_flight():
     """What a benchmark's timeout report reads (bench/child.py): asked at a flush, mid-run."""
-    from sim.records import StepLog
+    from batchsim.sim.records import StepLog
 
     seen = []
     extend = StepLog.extend

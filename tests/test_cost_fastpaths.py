@@ -13,11 +13,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from calibrate import costmodel
-from calibrate.costmodel import RooflineCostModel
-from calibrate.hardware import load_hardware
-from calibrate.models import load_model
-from sim.types import StepCost, StepShape
+from batchsim.calibrate import costmodel
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.hardware import load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim.sim.types import StepCost, StepShape
 from tests.engine_helpers import _calibrated_like
 
 

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from calibrate.costmodel import RooflineCostModel
-from calibrate.hardware import HardwareProfile, hardware_names, load_hardware
-from calibrate.models import ModelSpec, load_model
-from sim.errors import InputError
-from sim.protocols import CostModel
-from sim.types import StepShape
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.hardware import HardwareProfile, hardware_names, load_hardware
+from batchsim.calibrate.models import ModelSpec, load_model
+from batchsim.sim.errors import InputError
+from batchsim.sim.protocols import CostModel
+from batchsim.sim.types import StepShape
 
 # d=8, L=2, h=2 query heads, 1 KV head, d_h=4, f=16, V=32: small enough to check by hand.
 TINY = ModelSpec(name="tiny", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrate.costmodel import RooflineCostModel
-from calibrate.hardware import load_hardware
-from calibrate.models import load_model
-from sim.types import StepShape
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.hardware import load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim.sim.types import StepShape
 
 CM = RooflineCostModel(load_model("llama-3-8b"), load_hardware("h100-sxm"), tp=2)
 MOE = RooflineCostModel(load_model("mixtral-8x7b"), load_hardware("a100-80gb"), tp=2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calibrate.published import MEASURED, predictions
+from batchsim.calibrate.published import MEASURED, predictions
 
 
 def test_predictions_are_within_25_percent_of_published_measurements():

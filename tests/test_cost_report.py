@@ -1,4 +1,4 @@
-"""``batchsim cost`` data and table (calibrate.report)."""
+"""``batchsim cost`` data and table (batchsim.calibrate.report)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 from rich.console import Console
 
-from calibrate.hardware import PROFILE_DIR
-from calibrate.report import cost_report, render_cost_table
-from sim.errors import InputError
+from batchsim.calibrate.hardware import PROFILE_DIR
+from batchsim.calibrate.report import cost_report, render_cost_table
+from batchsim.sim.errors import InputError
 
 
 def test_json_has_the_documented_shape_and_adds_up():

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from sim.engine import PolicyError
-from sim.types import BatchPlan
+from batchsim.sim.engine import PolicyError
+from batchsim.sim.types import BatchPlan
 from tests.engine_helpers import ConstantCost, run_engine, summary_of, workload
 
 
@@ -147,7 +147,7 @@ def test_constant_cost_prices_tokens():
 
 def test_a_policy_reading_running_sees_current_counters():
     """A policy that reads ``view.running`` sees every sequence's counters as of now."""
-    from policies.continuous import ContinuousPolicy
+    from batchsim.policies.continuous import ContinuousPolicy
 
     seen = []
 

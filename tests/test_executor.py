@@ -8,13 +8,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibrate.executor import ExecutorReplica, ReferenceModel, Row, phantom_rows  # noqa: E402
-from calibrate.models import ModelSpec, load_model  # noqa: E402
-from sim.config import scenario_from_dict  # noqa: E402
-from sim.errors import InputError  # noqa: E402
-from sim.records import REQUEST_COLUMNS  # noqa: E402
-from sim.runner import build_parts, simulate  # noqa: E402
-from sim.types import StepShape  # noqa: E402
+from batchsim.calibrate.executor import ExecutorReplica, ReferenceModel, Row, phantom_rows  # noqa: E402
+from batchsim.calibrate.models import ModelSpec, load_model  # noqa: E402
+from batchsim.app.config import scenario_from_dict  # noqa: E402
+from batchsim.sim.errors import InputError  # noqa: E402
+from batchsim.sim.records import REQUEST_COLUMNS  # noqa: E402
+from batchsim.app.runner import build_parts, simulate  # noqa: E402
+from batchsim.sim.types import StepShape  # noqa: E402
 
 CPU = torch.device("cpu")
 SMALL = ModelSpec(name="small", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

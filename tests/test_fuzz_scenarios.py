@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import policies
-from sim.config import scenario_from_dict
-from sim.errors import InputError
-from sim.runner import build_parts
+from batchsim import policies
+from batchsim.app.config import scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.runner import build_parts
 from tests.test_overload import simulate_checked
 
 BASE = {

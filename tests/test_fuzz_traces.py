@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sim.errors import InputError
-from workloads import WorkloadConfig, build_workload
-from workloads.config import MAX_TOKENS
+from batchsim.sim.errors import InputError
+from batchsim.workloads import WorkloadConfig, build_workload
+from batchsim.workloads.config import MAX_TOKENS
 from tests.test_overload import run
 
 NUMBERS = st.one_of(

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import scenario_from_dict
-from sim import runner
-from sim.runner import RunResult, build_parts, simulate
+from batchsim.app.config import scenario_from_dict
+from batchsim.app import runner
+from batchsim.app.runner import RunResult, build_parts, simulate
 
 POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 STATUSES = {"completed", "rejected", "unfinished"}
@@ -185,7 +185,7 @@ def test_a_single_request_completes(policy):
 def test_an_empty_trace_selection_runs_with_no_requests(tmp_path, trace):
     (tmp_path / "t.csv").write_text("arrival,prompt_tokens,output_tokens\n0,10,5\n1,10,5\n")
     if "start_s" in trace:  # a window after the last request is an error that says what the trace spans
-        from sim.errors import InputError
+        from batchsim.sim.errors import InputError
 
         with pytest.raises(InputError, match=r"no requests in the window start_s=5.0, end_s=None; "
                                              r"the trace spans 0 to 1 s after its first request"):
@@ -215,7 +215,7 @@ def test_replicas_and_every_router_conserve_requests():
 
 def _lose_request_1(monkeypatch) -> None:
     """Make the engine drop request 1 on arrival: never queued, never rejected."""
-    from sim.engine import Replica
+    from batchsim.sim.engine import Replica
 
     enqueue = Replica.enqueue
 
@@ -243,7 +243,7 @@ def test_the_runner_refuses_a_run_that_loses_a_request(monkeypatch):
 
 def test_the_runner_refuses_a_core_run_that_loses_a_request(monkeypatch):
     """The compiled core's counterpart: a request left unfinished that no replica holds."""
-    from sim import core
+    from batchsim import core
 
     if core.library() is None:
         pytest.skip(f"no compiled core here: {core.library_error()}")
@@ -261,7 +261,7 @@ def test_the_runner_refuses_a_core_run_that_loses_a_request(monkeypatch):
 
 
 def test_the_runner_checks_arrived_equals_completed_rejected_unfinished(monkeypatch):
-    from sim import records
+    from batchsim.sim import records
 
     frame = records.request_frame
     monkeypatch.setattr(runner, "request_frame", lambda seqs: frame(list(seqs)[1:]))  # one request vanishes

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.config import scenario_from_dict
-from sim.runner import build_parts, simulate
-from sim.types import StepShape, Workload
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, simulate
+from batchsim.sim.types import StepShape, Workload
 
 BASE = {
     "model": "llama-3-8b",

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrate.hardware import hardware_names
-from sim.config import scenario_from_dict
-from sim.errors import InputError
-from sim.plan import PlanSpec
-from sim.plan_cost import cost_columns, load_prices, parse_prices, price_of
-from sim.plan_grid import build_configs, parse_knobs, parse_names, parse_tps
-from sim.plan_search import SLO_METRICS, parse_slos, search, verdict
-from sim.plan_worker import point_key, queue_metrics
-from reports.plan import pareto_mask
+from batchsim.calibrate.hardware import hardware_names
+from batchsim.app.config import scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.capacity.planner import PlanSpec
+from batchsim.app.capacity.costs import cost_columns, load_prices, parse_prices, price_of
+from batchsim.app.capacity.grid import build_configs, parse_knobs, parse_names, parse_tps
+from batchsim.app.capacity.search import SLO_METRICS, parse_slos, search, verdict
+from batchsim.app.capacity.worker import point_key, queue_metrics
+from batchsim.reports.capacity import pareto_mask
 
 BASE = {"name": "unit", "model": "llama-3-8b", "hardware": "h100-sxm",
         "policy": {"name": "continuous", "max_num_seqs": 64},

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
-from sim.config import load_scenario
-from sim.plan import PlanSpec, plan, write_plan
+from batchsim.app.cli import app
+from batchsim.app.config import load_scenario
+from batchsim.app.capacity.planner import PlanSpec, plan, write_plan
 from tests.test_report_html import check_html
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def test_a_config_that_does_not_fit_is_a_row_not_a_crash(tmp_path):
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from sim.cli import main; main()", *args]
+    return [sys.executable, "-c", "from batchsim.app.cli import main; main()", *args]
 
 
 def test_killed_plan_resumes_without_redoing_points(pool_plan, tmp_path):
@@ -171,7 +171,7 @@ def test_ray_gives_the_process_pool_plan(pool_plan, tmp_path):
 
 
 def test_cli_unknown_slo_exits_2_listing_the_valid_ones(tmp_path, monkeypatch, capsys):
-    from sim.cli import main
+    from batchsim.app.cli import main
 
     path = scenario_file(tmp_path, TINY, "tiny")
     monkeypatch.setattr(sys, "argv", ["batchsim", "plan", str(path), "--slo", "p99_latency_ms=5",
@@ -184,7 +184,7 @@ def test_cli_unknown_slo_exits_2_listing_the_valid_ones(tmp_path, monkeypatch, c
 
 
 def test_cli_missing_price_fails_before_any_run(tmp_path, monkeypatch, capsys):
-    from sim.cli import main
+    from batchsim.app.cli import main
 
     path = scenario_file(tmp_path, TINY, "tiny")
     prices = tmp_path / "prices.yaml"

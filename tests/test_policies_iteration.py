@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from policies.chunked_prefill import ChunkedPrefillConfig, ChunkedPrefillPolicy
-from policies.continuous import ContinuousConfig, ContinuousPolicy
-from policies.ordering import fcfs, last_admitted, shortest_prompt_first
+from batchsim.policies.chunked_prefill import ChunkedPrefillConfig, ChunkedPrefillPolicy
+from batchsim.policies.continuous import ContinuousConfig, ContinuousPolicy
+from batchsim.policies.ordering import fcfs, last_admitted, shortest_prompt_first
 from tests.policy_fakes import FakeSeq, apply, decoding, make_view
-from sim.types import BatchPlan
+from batchsim.sim.types import BatchPlan
 
 
 def continuous(**kw) -> ContinuousPolicy:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies.dynamic import DynamicConfig, DynamicPolicy
-from policies.static import StaticConfig, StaticPolicy
+from batchsim.policies.dynamic import DynamicConfig, DynamicPolicy
+from batchsim.policies.static import StaticConfig, StaticPolicy
 from tests.policy_fakes import FakeKV, FakeSeq, apply, make_view, simulate
-from sim.types import BatchPlan
+from batchsim.sim.types import BatchPlan
 
 
 def static(**kw) -> StaticPolicy:

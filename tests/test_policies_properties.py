@@ -14,9 +14,9 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import policies
+from batchsim import policies
 from tests.policy_fakes import FakeKV, FakeSeq, FakeView, simulate
-from sim.types import BatchPlan
+from batchsim.sim.types import BatchPlan
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -8,14 +8,14 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-import policies
-from policies import registry
-from policies.chunked_prefill import ChunkedPrefillPolicy
-from policies.continuous import ContinuousPolicy
-from policies.dynamic import DynamicPolicy
-from policies.static import StaticPolicy
-from sim.errors import InputError
-from sim.protocols import Policy
+from batchsim import policies
+from batchsim.policies import registry
+from batchsim.policies.chunked_prefill import ChunkedPrefillPolicy
+from batchsim.policies.continuous import ContinuousPolicy
+from batchsim.policies.dynamic import DynamicPolicy
+from batchsim.policies.static import StaticPolicy
+from batchsim.sim.errors import InputError
+from batchsim.sim.protocols import Policy
 from tests.policy_fakes import FakeKV, FakeSeq, OneAtATime, simulate
 
 BUILTINS = {"static": StaticPolicy, "dynamic": DynamicPolicy, "continuous": ContinuousPolicy,
@@ -113,6 +113,6 @@ def test_configs_are_frozen():
 
 
 def test_policies_import_neither_simpy_nor_torch_nor_calibrate():
-    code = "import sys, policies; print(sorted(m for m in ('simpy', 'torch', 'calibrate') if m in sys.modules))"
+    code = "import sys, batchsim.policies; print(sorted(m for m in ('simpy', 'torch', 'batchsim.calibrate') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policies
-from sim.prefix import PrefixKVCache
-from sim.types import Workload
+from batchsim import policies
+from batchsim.sim.prefix import PrefixKVCache
+from batchsim.sim.types import Workload
 from tests.engine_helpers import ConstantCost, run_engine
 
 
@@ -82,8 +82,8 @@ def test_prefix_cache_invariants(n, seed, blocks, mode):
 
 
 def test_synthetic_shared_prefix_hits_and_cuts_ttft():
-    from sim.config import scenario_from_dict
-    from sim.runner import build_parts, simulate
+    from batchsim.app.config import scenario_from_dict
+    from batchsim.app.runner import build_parts, simulate
 
     def sc(caching):
         return scenario_from_dict({

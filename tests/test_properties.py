@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import policies
+from batchsim import policies
 from tests.engine_helpers import ConstantCost, run_engine, workload
 
 POLICY_SPECS = st.one_of(

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim import aggregate
-from sim.aggregate import ItlAggregate, StepTotals
-from sim.records import STEP_FIELDS, Columns, ItlLog, StepLog
+from batchsim.sim import aggregate
+from batchsim.sim.aggregate import ItlAggregate, StepTotals
+from batchsim.sim.records import STEP_FIELDS, Columns, ItlLog, StepLog
 
 _DTYPES = [dt for _, dt in STEP_FIELDS]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reports.regression import DEFAULT_METRICS, compare, metric_spec, to_junit, to_markdown
-from sim import __version__
-from sim.config import load_scenario
-from sim.errors import InputError
-from sim.regress import BASELINE_FORMAT, load_baseline, regress, scenario_inputs, scenario_key
+from batchsim.reports.regression import DEFAULT_METRICS, compare, metric_spec, to_junit, to_markdown
+from batchsim import __version__
+from batchsim.app.config import load_scenario
+from batchsim.sim.errors import InputError
+from batchsim.app.regress import BASELINE_FORMAT, load_baseline, regress, scenario_inputs, scenario_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -289,7 +289,7 @@ def test_shipped_baseline_covers_pinned_scenarios_with_current_hashes():
     entries = load_baseline(base)
     pinned = sorted((ROOT / "baselines").glob("*.yaml"))
     assert {scenario_key(p, base) for p in pinned} == set(entries)
-    from sim.regress import combine_hash
+    from batchsim.app.regress import combine_hash
 
     for p in pinned:
         inputs = scenario_inputs(load_scenario(p), p.parent)

@@ -1,6 +1,6 @@
 """`batchsim regress` end to end on real (small, pinned) simulations.
 
-Runs in-process through ``sim.cli.main`` so exit codes are the console
+Runs in-process through ``batchsim.app.cli.main`` so exit codes are the console
 script's, and so one test can stand in for a scheduler change by swapping
 the registered ``continuous`` class for one with a different knob default.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.regression import DEFAULT_METRICS
+from batchsim.reports.regression import DEFAULT_METRICS
 
 SCENARIO = """\
 name: cli-regress
@@ -34,7 +34,7 @@ seed: 5
 
 def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     """Run the console script in-process: (exit code, stdout, stderr)."""
-    from sim.cli import main
+    from batchsim.app.cli import main
 
     monkeypatch.setattr(sys, "argv", ["batchsim", *args])
     try:
@@ -49,7 +49,7 @@ def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """A folder with the scenario and a baseline recorded from it (one simulation)."""
-    from sim.regress import regress
+    from batchsim.app.regress import regress
 
     d = tmp_path_factory.mktemp("recorded")
     (d / "s.yaml").write_text(SCENARIO)
@@ -85,8 +85,8 @@ def test_changed_policy_knob_exits_1_naming_scenario_metric_and_values(work, cap
 
     The scenario file is untouched (it leaves the knob at its default), so its
     hash still matches and the metrics alone must catch the change."""
-    from policies import registry
-    from policies.continuous import ContinuousConfig, ContinuousPolicy
+    from batchsim.policies import registry
+    from batchsim.policies.continuous import ContinuousConfig, ContinuousPolicy
 
     class SmallerConfig(ContinuousConfig):
         max_num_seqs: int = 4
@@ -143,6 +143,6 @@ def test_bad_input_exits_2(work, capsys, monkeypatch):
 
 
 def _fmt(v: float) -> str:
-    from reports.regression import fmt
+    from batchsim.reports.regression import fmt
 
     return fmt(v)

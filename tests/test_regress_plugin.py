@@ -36,7 +36,7 @@ def batchsim(*args: str, cwd: Path, site: Path | None) -> subprocess.CompletedPr
     """The console script in a subprocess; ``site`` (the --target install) goes first on the path."""
     paths = ([str(site)] if site else []) + [str(ROOT)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), COLUMNS="200")
-    return subprocess.run([sys.executable, "-c", "from sim.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from batchsim.app.cli import main; main()", *args],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
@@ -72,7 +72,7 @@ def project(tmp_path) -> Path:
 
 
 def test_entry_point_is_discovered(site, tmp_path):
-    code = ("from importlib.metadata import entry_points; from policies import policy_names, policy_class;"
+    code = ("from importlib.metadata import entry_points; from batchsim.policies import policy_names, policy_class;"
             "eps = {e.name: e.value for e in entry_points(group='batchsim.policies')};"
             "print(eps['spf'], 'spf' in policy_names(), policy_class('spf').__module__)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))

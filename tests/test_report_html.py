@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from matplotlib.container import BarContainer
 
-from reports import plots
-from reports.report import COMPARE_FIGURES, write_compare_report
-from reports.runs import ReportInfo
+from batchsim.reports import plots
+from batchsim.reports.report import COMPARE_FIGURES, write_compare_report
+from batchsim.reports.runs import ReportInfo
 from tests.test_report_records import hand_runs
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "area", "base"}
@@ -160,10 +160,10 @@ def test_every_plot_has_one_series_per_policy(builder):
 
 
 def test_seeds_give_error_bars_ci_cells_and_runs_csv(tmp_path, monkeypatch):
-    import reports.report
+    import batchsim.reports.report
 
     # NOTE: PNG rendering is what is slow and the first fixture already checks it.
-    monkeypatch.setattr(reports.report, "png_bytes", lambda fig: PNG + b"stub")
+    monkeypatch.setattr(batchsim.reports.report, "png_bytes", lambda fig: PNG + b"stub")
     runs = hand_runs(seeds=3)
     files = write_compare_report(tmp_path, runs, ReportInfo("t", "s", "m", "h", True, "0.1.0", seeds=3))
     assert "runs.csv" in files

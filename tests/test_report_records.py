@@ -1,7 +1,7 @@
-"""reports.derive on hand-built records: exact binned integrals, token split, load window.
+"""batchsim.reports.derive on hand-built records: exact binned integrals, token split, load window.
 
 Also the factories other report tests import (``hand_run``, ``hand_runs``):
-records built by hand in the shape of ``sim.records``, no simulation.
+records built by hand in the shape of ``batchsim.sim.records``, no simulation.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports.derive import latency_samples_ms, load_window, measured_completed, timeline, token_split
-from reports.runs import PolicyRun
-from sim.records import REQUEST_COLUMNS, STEP_FIELDS
+from batchsim.reports.derive import latency_samples_ms, load_window, measured_completed, timeline, token_split
+from batchsim.reports.runs import PolicyRun
+from batchsim.sim.records import REQUEST_COLUMNS, STEP_FIELDS
 
 META = {"replicas": 1, "kv_blocks": 100, "peak_flops": 100.0, "peak_bandwidth": 1000.0}
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from reports.stats import aggregate, mean_ci, t975
-from reports.tables import LATENCY_COLUMNS, Column, format_cell, summary_frame
+from batchsim.reports.stats import aggregate, mean_ci, t975
+from batchsim.reports.tables import LATENCY_COLUMNS, Column, format_cell, summary_frame
 from tests.test_report_records import hand_runs
 
 

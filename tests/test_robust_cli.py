@@ -1,6 +1,6 @@
 """The CLI on bad input: exit code 2, one ``error:`` line, no traceback (unless --debug).
 
-Every case runs ``python -c "from sim.cli import main; main()" ...`` in a
+Every case runs ``python -c "from batchsim.app.cli import main; main()" ...`` in a
 subprocess, as a user's shell would; the cases start together (a thread
 pool) so the whole file costs a few interpreter start-ups, not dozens.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CMD = [sys.executable, "-c", "from sim.cli import main; main()"]
+CMD = [sys.executable, "-c", "from batchsim.app.cli import main; main()"]
 SCENARIO = "workload: {num_requests: 2, arrival: {process: poisson, rate: 5}}\n"
 
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import yaml
 
-import policies
-from calibrate.hardware import load_hardware
-from calibrate.models import load_model
-from sim.config import load_scenario, scenario_from_dict
-from sim.errors import InputError
-from sim.runner import run_scenario
-from workloads import WorkloadConfig, build_workload
+from batchsim import policies
+from batchsim.calibrate.hardware import load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim.app.config import load_scenario, scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.runner import run_scenario
+from batchsim.workloads import WorkloadConfig, build_workload
 
 SCENARIO_FIELDS = ("dtype, engine, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
                    "policy_knobs, replicas, router, seed, slo, tensor_parallel_size, workload")
@@ -163,7 +163,7 @@ def test_bad_set_overrides(tmp_path, override, expected):
     ({"name": ".mod:Cls"}, "policy.name: cannot load policy '.mod:Cls': the 'package' argument is required to "
                            "perform a relative import for '.mod'; expected 'package.module:ClassName'"),
     ({"name": "os:path"}, "policy.name: 'os:path' is not a batchsim policy: expected a class with a schedule(view) "
-                          "method and a Config subclass of policies.base.PolicyConfig"),
+                          "method and a Config subclass of batchsim.policies.base.PolicyConfig"),
     ({"name": "continuous", "max_batch_size": 8},
      "policy.max_batch_size: unknown knob for policy 'continuous' (got 8); expected one of block_size, "
      "gpu_memory_utilization, max_model_len, max_num_seqs, max_num_batched_tokens, order, enable_prefix_caching, "
@@ -194,7 +194,7 @@ def test_unknown_model_and_hardware_list_the_catalog():
 
 
 def config_json(tmp_path: Path, change: dict, drop: tuple = ()) -> Path:
-    data = yaml.safe_load((Path(__file__).parents[1] / "calibrate" / "catalog" / "llama-3-8b.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).parents[1] / "batchsim" / "calibrate" / "catalog" / "llama-3-8b.yaml").read_text())
     data.update(change)
     for k in drop:
         data.pop(k, None)
@@ -229,7 +229,7 @@ def test_model_config_that_is_not_a_json_object(tmp_path, text, expected):
 
 
 def profile_yaml(tmp_path: Path, change: dict) -> Path:
-    data = yaml.safe_load((Path(__file__).parents[1] / "calibrate" / "profiles" / "h100-sxm.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).parents[1] / "batchsim" / "calibrate" / "profiles" / "h100-sxm.yaml").read_text())
     for key, value in change.items():
         *parents, last = key.split(".")
         d = data
@@ -369,7 +369,7 @@ def test_user_files_are_loaded_safely_everywhere():
 
     root = Path(__file__).resolve().parents[1]
     found = []
-    for pkg in ("sim", "policies", "workloads", "calibrate", "reports"):
+    for pkg in ("batchsim",):
         for path in sorted((root / pkg).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if not isinstance(node, ast.Call):

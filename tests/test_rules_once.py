@@ -1,7 +1,7 @@
 """One statement of the rules: an edited rule changes the default engine exactly as the SimPy one.
 
-The built-in policies are recipes (policies/recipe.py) interpreted by
-policies/step.py and policies/padded.py in Python and by sim/_core.c in C.
+The built-in policies are recipes (batchsim/policies/recipe.py) interpreted by
+batchsim/policies/step.py and batchsim/policies/padded.py in Python and by batchsim/core/_core.c in C.
 These tests change a rule the ways a user would — a recipe, a monkeypatched
 ``schedule``, a monkeypatched interpreter method, an in-place edit of the
 interpreter in a copy of the source — and check that the default engine
@@ -23,14 +23,15 @@ from pathlib import Path
 
 import pytest
 
-import policies.continuous as continuous_mod
-from policies.continuous import ContinuousPolicy
-from policies.recipe import IterationRecipe, Move, PaddedRecipe
-from policies.rules import interpret
-from policies.step import StepBuilder
-from sim import core, rules
-from sim.config import scenario_from_dict
-from sim.runner import run_scenario
+import batchsim.policies.continuous as continuous_mod
+from batchsim.policies.continuous import ContinuousPolicy
+from batchsim.policies.recipe import IterationRecipe, Move, PaddedRecipe
+from batchsim.policies.rules import interpret
+from batchsim.policies.step import StepBuilder
+from batchsim import core
+from batchsim.core import rules
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +68,7 @@ def _digest(result) -> str:
 def test_shipped_rules_are_the_ones_the_core_implements():
     diff = core.rules_differ()
     assert not diff, (f"{len(diff)} rule(s) differ from the compiled core's table ({diff[:5]}): change the "
-                      "core's interpreter to match, then run `python -m sim.rules --update`")
+                      "core's interpreter to match, then run `python -m batchsim.core.rules --update`")
 
 
 @needs_core
@@ -120,27 +121,27 @@ def test_a_monkeypatched_interpreter_method_runs_on_the_simpy_engine(monkeypatch
     monkeypatch.setattr(StepBuilder, "admit", admit_one_per_step)
     auto, ref = _run(_scenario()), _run(_scenario(engine="python"))
     assert auto.summary["engine"] == "python"
-    assert "policies.step.StepBuilder.admit" in auto.summary["engine_reason"]
+    assert "batchsim.policies.step.StepBuilder.admit" in auto.summary["engine_reason"]
     assert _digest(auto) == _digest(ref) != _digest(before)
 
 
 @needs_core
 def test_a_changed_constant_or_strategy_entry_runs_on_the_simpy_engine(monkeypatch):
-    import calibrate.work
-    import policies.ordering
+    import batchsim.calibrate.work
+    import batchsim.policies.ordering
 
     before = _run(_scenario())
-    monkeypatch.setattr(calibrate.work, "B_ACT", 4.0)  # activations in fp32: a cost formula's constant
+    monkeypatch.setattr(batchsim.calibrate.work, "B_ACT", 4.0)  # activations in fp32: a cost formula's constant
     auto = _run(_scenario())
-    assert auto.summary["engine"] == "python" and "calibrate.work.B_ACT" in auto.summary["engine_reason"]
+    assert auto.summary["engine"] == "python" and "batchsim.calibrate.work.B_ACT" in auto.summary["engine_reason"]
     assert _digest(auto) == _digest(_run(_scenario(engine="python"))) != _digest(before)
     monkeypatch.undo()
 
     busy = _run(_scenario(rate=60.0))
-    monkeypatch.setitem(policies.ordering.QUEUE_ORDERS, "fcfs", lambda waiting: list(reversed(waiting)))
+    monkeypatch.setitem(batchsim.policies.ordering.QUEUE_ORDERS, "fcfs", lambda waiting: list(reversed(waiting)))
     auto = _run(_scenario(rate=60.0))
     assert auto.summary["engine"] == "python"
-    assert "policies.ordering.QUEUE_ORDERS[fcfs]" in auto.summary["engine_reason"]
+    assert "batchsim.policies.ordering.QUEUE_ORDERS[fcfs]" in auto.summary["engine_reason"]
     assert _digest(auto) == _digest(_run(_scenario(engine="python", rate=60.0))) != _digest(busy)
 
 
@@ -150,10 +151,10 @@ def test_subtler_monkeypatches_run_on_the_simpy_engine(monkeypatch, patch):
     """Found by review: a functools.wraps wrapper, a rebound imported name, the runner's wiring, an alias."""
     import functools
 
-    import calibrate.costmodel
-    import policies.step
-    import sim.router
-    import sim.runner
+    import batchsim.calibrate.costmodel
+    import batchsim.policies.step
+    import batchsim.sim.router
+    import batchsim.app.runner
 
     if patch == "wraps":
         original = StepBuilder.admit
@@ -165,12 +166,12 @@ def test_subtler_monkeypatches_run_on_the_simpy_engine(monkeypatch, patch):
 
         monkeypatch.setattr(StepBuilder, "admit", one_admission)
     elif patch == "imported_name":
-        monkeypatch.setattr(policies.step, "held_blocks", lambda kv, seq, reserve=0: 0)
+        monkeypatch.setattr(batchsim.policies.step, "held_blocks", lambda kv, seq, reserve=0: 0)
     elif patch == "runner_wiring":
-        real = sim.router.make_router
-        monkeypatch.setattr(sim.runner, "make_router", lambda name, rng: real("round_robin", rng))
+        real = batchsim.sim.router.make_router
+        monkeypatch.setattr(batchsim.app.runner, "make_router", lambda name, rng: real("round_robin", rng))
     else:
-        monkeypatch.setattr(calibrate.costmodel, "_sum", lambda a: 2 * a.sum())
+        monkeypatch.setattr(batchsim.calibrate.costmodel, "_sum", lambda a: 2 * a.sum())
     sc = _scenario(dict(name="continuous", gpu_memory_utilization=0.3), rate=40.0)
     if patch == "runner_wiring":
         sc.update(replicas=2, router="least_kv")
@@ -260,17 +261,17 @@ def test_the_fingerprint_ignores_docstrings_and_comments_but_not_code():
 
 _EDITS = {
     # the interpreter: admit at most one prompt per step
-    "interpreter": ("policies/step.py", "            if self.slots < 1 or self.budget < 1:\n                return\n",
+    "interpreter": ("batchsim/policies/step.py", "            if self.slots < 1 or self.budget < 1:\n                return\n",
                     "            if self.slots < 1 or self.budget < 1 or self.num_tokens:\n                return\n"),
     # a built-in recipe: decode-first continuous batching
-    "recipe": ("policies/continuous.py", '"separate": (Move("admit"), Move("decodes", unless=("rows",))),',
+    "recipe": ("batchsim/policies/continuous.py", '"separate": (Move("admit"), Move("decodes", unless=("rows",))),',
                '"separate": (Move("decodes"), Move("admit", unless=("rows",))),'),
 }
 
 _PROBE = """
 import hashlib, json, sys
-from sim.config import scenario_from_dict
-from sim.runner import run_scenario
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import run_scenario
 sc = json.loads(sys.argv[1])
 out = {}
 for engine in ("auto", "python"):
@@ -316,7 +317,7 @@ def test_an_in_place_edit_changes_the_default_engine_as_the_simpy_one(tmp_path, 
     assert edited["auto"][0] == edited["python"][0] != original["auto"][0]
     if edit == "interpreter":  # the core cannot show it runs the edited interpreter
         assert edited["auto"][1] == "python"
-        assert "policies.step.StepBuilder.admit" in edited["auto"][2]
+        assert "batchsim.policies.step.StepBuilder.admit" in edited["auto"][2]
     else:  # the core interprets the edited recipe
         assert edited["auto"][1] == "core"
 
@@ -327,7 +328,7 @@ def test_an_in_place_edit_changes_the_default_engine_as_the_simpy_one(tmp_path, 
 def test_regress_on_the_shipped_baselines_fails_for_an_in_place_edit(tmp_path, edit):
     tree = _copy_tree(tmp_path / "tree", edit)
     env = dict(os.environ, PYTHONPATH=str(tree))
-    proc = subprocess.run([sys.executable, "-m", "sim.cli", "regress", "baselines/continuous.yaml",
+    proc = subprocess.run([sys.executable, "-m", "batchsim.app.cli", "regress", "baselines/continuous.yaml",
                            "--baseline", "baselines/baseline.json"], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from reports.sweep import mark_saturation, saturation_points, saturation_text, sweep_figure
-from sim.cli import app
-from sim.config import load_scenario, scenario_from_dict
-from sim.errors import InputError
-from sim.sweep import SweepPoint, SweepTask, parse_rates, sweep, with_rate, write_sweep
+from batchsim.reports.sweep import mark_saturation, saturation_points, saturation_text, sweep_figure
+from batchsim.app.cli import app
+from batchsim.app.config import load_scenario, scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.sweep import SweepPoint, SweepTask, parse_rates, sweep, with_rate, write_sweep
 from tests.test_report_html import assert_one_series_per_policy, assert_png_not_blank, check_html
 
 PINNED = Path(__file__).parent / "golden" / "compare_pinned.yaml"

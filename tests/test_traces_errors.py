@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.errors import InputError
-from workloads import WorkloadConfig, build_workload
+from batchsim.sim.errors import InputError
+from batchsim.workloads import WorkloadConfig, build_workload
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 AZ = "TIMESTAMP,ContextTokens,GeneratedTokens\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workloads import WorkloadConfig, build_workload
+from batchsim.workloads import WorkloadConfig, build_workload
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workloads import WorkloadConfig, build_workload
+from batchsim.workloads import WorkloadConfig, build_workload
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 AZURE = "azure2023_AzureLLMInferenceTrace_code.csv"

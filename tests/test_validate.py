@@ -19,8 +19,8 @@ pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from calibrate.hardware import load_hardware  # noqa: E402
-from sim.cli import app  # noqa: E402
+from batchsim.calibrate.hardware import load_hardware  # noqa: E402
+from batchsim.app.cli import app  # noqa: E402
 from tests.test_cli_run import batchsim  # noqa: E402
 
 runner = CliRunner()
@@ -72,9 +72,9 @@ def test_validate_exits_one_past_the_tolerance(profile, tmp_path):
 
 
 def test_validate_rejects_unknown_policies_and_devices(profile, tmp_path):
-    from sim.errors import InputError
+    from batchsim.sim.errors import InputError
 
-    from calibrate.validate import validate
+    from batchsim.app.validate import validate
 
     with pytest.raises(InputError, match="unknown policies"):
         validate("cpu", profile, policies=["fifo"])

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from workloads import arrivals
-from workloads.config import ArrivalConfig
+from batchsim.workloads import arrivals
+from batchsim.workloads.config import ArrivalConfig
 
 ARRIVAL = TypeAdapter(ArrivalConfig)
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.types import Workload
-from workloads import WorkloadConfig, build_workload
+from batchsim.sim.types import Workload
+from batchsim.workloads import WorkloadConfig, build_workload
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
 

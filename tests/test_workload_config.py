@@ -6,8 +6,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from workloads import WorkloadConfig
-from workloads.config import GammaArrival, LognormalLength, PoissonArrival, FixedLength
+from batchsim.workloads import WorkloadConfig
+from batchsim.workloads.config import GammaArrival, LognormalLength, PoissonArrival, FixedLength
 
 EXAMPLE = """
 num_requests: 2000
@@ -39,7 +39,7 @@ def test_defaults_are_the_documented_ones():
 
 
 def test_every_field_has_a_description():
-    from workloads import config
+    from batchsim.workloads import config
 
     models = [getattr(config, n) for n in config.__all__ if isinstance(getattr(config, n), type)]
     for m in models:

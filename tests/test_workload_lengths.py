@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from workloads import lengths
-from workloads.config import LengthConfig
+from batchsim.workloads import lengths
+from batchsim.workloads.config import LengthConfig
 
 LENGTH = TypeAdapter(LengthConfig)
 

@@ -1,8 +1,8 @@
 """Shortest-prompt-first (SPF) continuous batching, as an outside policy.
 
 Written against batchsim's public policy interface only: the read-only
-replica view (:mod:`sim.protocols`), the plan value it returns
-(:class:`sim.types.BatchPlan`) and the config base class
+replica view (:mod:`batchsim.sim.protocols`), the plan value it returns
+(:class:`batchsim.sim.types.BatchPlan`) and the config base class
 (:class:`policies.PolicyConfig`). Each step:
 
 1. every running sequence computes its pending tokens (one, for a decode),
@@ -25,9 +25,9 @@ from typing import ClassVar, Sequence
 
 from pydantic import Field, model_validator
 
-from policies import PolicyConfig
-from sim.protocols import ReplicaView, SeqView
-from sim.types import BatchPlan
+from batchsim.policies import PolicyConfig
+from batchsim.sim.protocols import ReplicaView, SeqView
+from batchsim.sim.types import BatchPlan
 
 __all__ = ["SPFConfig", "ShortestPromptFirst", "admission_order"]
 

@@ -1,0 +1,5 @@
+"""``python -m batchsim``: the CLI."""
+
+from batchsim.app.cli import main
+
+main()

@@ -1,0 +1,204 @@
+"""``batchsim plan``: per configuration, the highest load that meets every SLO, and what it costs.
+
+A configuration is one (hardware, TP, policy, knob values) variant of the
+scenario with one replica (:mod:`batchsim.app.capacity.grid`). Its capacity, the highest
+arrival rate per replica whose simulation meets every SLO, is searched by
+bracketing and bisection (:mod:`batchsim.app.capacity.search`) in one task per
+configuration (:mod:`batchsim.app.capacity.worker`); tasks run through
+:func:`batchsim.app.workers.run_tasks` on a local process pool, serially, or on Ray.
+Then the fleet for a target rate is priced (:mod:`batchsim.app.capacity.costs`), the
+configurations not dominated in ($/1M output tokens, latency) are marked as
+the Pareto front, and :func:`write_plan` writes ``plan.csv`` (sorted by
+cost), ``plan.json`` and ``plan.html``.
+
+Resumable: every finished point is stored under ``DIR/points/`` as it
+finishes; a rerun of an interrupted plan simulates only the missing points
+and writes byte-identical outputs.
+
+NOTE: workers write their points themselves (a killed plan keeps them); the
+parent also writes, once a task ends, any point it returned that is not on
+disk, so a Ray cluster whose workers cannot reach DIR still stores every
+finished configuration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+
+from batchsim.reports.runs import ReportInfo
+from batchsim.app.config import Scenario
+from batchsim.sim.errors import InputError
+from batchsim.sim.io import write_csv, write_json
+from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
+from batchsim.app.capacity.grid import PlanConfig, build_configs
+from batchsim.app.capacity.search import SLO_METRICS
+from batchsim.app.capacity.worker import ConfigOutcome, ConfigTask, search_config
+
+__all__ = ["PlanSpec", "PlanResult", "plan", "plan_rows", "write_plan", "run_searches"]
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What to plan: SLOs, the configuration grid, the load to serve and its price."""
+
+    slos: Mapping[str, float]
+    hardware: tuple[str, ...] = ()  # empty: the scenario's
+    tps: tuple[int, ...] = ()  # empty: the scenario's tensor_parallel_size
+    policies: tuple[str, ...] = ()  # empty: the scenario's policy
+    knobs: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (dotted key, values)
+    target_rate: float | None = None  # requests/s the whole fleet must serve
+    prices: Mapping[str, float] = field(default_factory=dict)  # --price overrides
+    price_table: str | None = None  # default batchsim/calibrate/prices.yaml
+    tol: float = 0.05  # relative width of the final bracket
+    pareto_metric: str = "p99_e2el_ms"
+
+    def check(self) -> None:
+        """Raise InputError for values no search could use."""
+        bad = [k for k in self.slos if k not in SLO_METRICS]
+        if not self.slos or bad:
+            raise InputError(f"unknown or missing SLO metric(s) {bad}; valid: {', '.join(SLO_METRICS)}", "--slo")
+        if self.pareto_metric not in SLO_METRICS:
+            raise InputError(f"unknown metric {self.pareto_metric!r}; valid: {', '.join(SLO_METRICS)}",
+                             "--pareto-metric")
+        if not 0.0 < self.tol < 1.0:
+            raise InputError(f"the tolerance must be in (0, 1), got {self.tol:g}", "--tol")
+        if self.target_rate is not None and not (self.target_rate > 0 and math.isfinite(self.target_rate)):
+            raise InputError(f"must be a positive number of requests/s, got {self.target_rate}", "--target-rate")
+
+
+@dataclass
+class PlanResult:
+    """A finished plan: one row per configuration (sorted by cost) and run facts."""
+
+    spec: PlanSpec
+    frame: pd.DataFrame
+    info: ReportInfo
+    simulated: int  # points simulated by this run
+    reused: int  # points read back from DIR/points
+
+
+def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str | None,
+                 base_dir: str | None, executor: str, workers: int | None, ray_address: str | None,
+                 show_progress: bool | None,
+                 task_fn: Callable[[ConfigTask], ConfigOutcome] = search_config) -> list[ConfigOutcome]:
+    """Every configuration's search as one task through run_tasks; outcomes in config order."""
+    from batchsim.reports.progress import progress
+    from batchsim.app.workers import run_tasks
+
+    tasks = [ConfigTask(c, base_dir, tuple(spec.slos.items()), spec.tol, points_dir) for c in configs]
+    outcomes: list[ConfigOutcome | None] = [None] * len(tasks)
+    with progress(len(tasks), "plan", show_progress) as advance:
+        for idx, outcome in run_tasks(task_fn, tasks, executor, workers, ray_address):
+            if points_dir is not None:
+                for key, record in outcome.new_points.items():
+                    path = Path(points_dir) / f"{key}.json"
+                    if not path.exists():  # NOTE: never rewrite a stored point (its mtime shows it was kept)
+                        write_json(path, record)
+            outcomes[idx] = outcome
+            advance(f"{outcome.label}: {outcome.status}")
+    return [o for o in outcomes if o is not None]
+
+
+def _prices(configs: Sequence[PlanConfig], spec: PlanSpec) -> dict[str, float]:
+    """USD per GPU-hour per hardware, looked up before any run (a missing price fails early)."""
+    from batchsim.calibrate.hardware import load_hardware
+
+    table = {**load_prices(spec.price_table), **spec.prices}
+    return {hw: price_of(hw, load_hardware(hw).name, table) for hw in dict.fromkeys(c.hardware for c in configs)}
+
+
+def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
+              prices: Mapping[str, float]) -> pd.DataFrame:
+    """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
+    (then by capacity, highest first)."""
+    from batchsim.reports.capacity import pareto_mask
+
+    metrics = list(dict.fromkeys([*spec.slos, spec.pareto_metric]))
+    rows = []
+    for c, o in zip(configs, outcomes):
+        m = o.metrics or {}
+        row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
+               "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
+               "capacity_rps": o.capacity, "output_tok_s": m.get("output_throughput")}
+        row.update({k: m.get(k) for k in metrics})
+        row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points,
+                   usd_per_gpu_hour=prices[c.hardware], target_rps=spec.target_rate)
+        row.update(cost_columns(o.capacity, c.tp, prices[c.hardware], o.mean_output_tokens, spec.target_rate))
+        rows.append(row)
+    ok = [i for i, r in enumerate(rows) if r["usd_per_1m_output_tokens"] is not None]
+    front = pareto_mask([rows[i]["usd_per_1m_output_tokens"] for i in ok], [rows[i][spec.pareto_metric] for i in ok])
+    for r in rows:
+        r["pareto"] = False
+    for i, on in zip(ok, front):
+        rows[i]["pareto"] = bool(on)
+    # NOTE: equal cost (same GPU count and price) ranks the higher capacity first: more headroom.
+    rows.sort(key=lambda r: (r["usd_per_1m_output_tokens"] is None, r["usd_per_1m_output_tokens"] or 0.0,
+                             -r["capacity_rps"], r["config"]))
+    return pd.DataFrame(rows)
+
+
+def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], prices: Mapping[str, float],
+          simulated: int, reused: int) -> ReportInfo:
+    """The report header: what was planned, under which SLOs and prices."""
+    from batchsim.calibrate.hardware import load_hardware
+    from batchsim import __version__
+    from batchsim.app.compare import describe_workload
+
+    hws = list(dict.fromkeys(c.hardware for c in configs))
+    slo = ", ".join(f"{k} ≤ {v:g}" for k, v in spec.slos.items())
+    target = f"{spec.target_rate:g} req/s" if spec.target_rate else "none (one replica at its capacity is priced)"
+    details = (
+        ("SLO", slo),
+        ("target load", target),
+        ("configurations", f"{len(configs)}: hardware {', '.join(hws)}; TP "
+                           f"{', '.join(str(t) for t in dict.fromkeys(c.tp for c in configs))}; policies "
+                           f"{', '.join(dict.fromkeys(c.policy for c in configs))}"),
+        ("workload", describe_workload(scenario)),
+        ("search", f"bracket by doubling, bisect to {spec.tol:.0%}; {simulated + reused} points "
+                   f"({reused} reused from earlier runs)"),
+        ("prices (USD/GPU-hour)", ", ".join(f"{h} {p:g}" for h, p in prices.items())
+         + f" (from {Path(spec.price_table or PRICES_FILE).name} and --price)"),
+    )
+    return ReportInfo(title=f"batchsim plan: {scenario.name}", scenario=scenario.name, model=scenario.model,
+                      hardware=", ".join(hws), version=__version__, details=details,
+                      calibrated=all(bool(getattr(load_hardware(h), "calibrated", False)) for h in hws))
+
+
+def plan(scenario: Scenario, spec: PlanSpec, out_dir: str | Path | None = None,
+         base_dir: str | Path | None = None, executor: str = "local", workers: int | None = None,
+         ray_address: str | None = None, show_progress: bool | None = None,
+         task_fn: Callable[[ConfigTask], ConfigOutcome] = search_config) -> PlanResult:
+    """Search every configuration's capacity and price the fleet; points go to ``out_dir/points``."""
+    spec.check()
+    configs = build_configs(scenario, spec.hardware, spec.tps, spec.policies, spec.knobs)
+    prices = _prices(configs, spec)
+    points_dir = str((Path(out_dir) / "points").resolve()) if out_dir is not None else None
+    base = str(Path(base_dir).resolve()) if base_dir is not None else None
+    outcomes = run_searches(configs, spec, points_dir, base, executor, workers, ray_address,
+                            show_progress, task_fn)
+    simulated = sum(len(o.new_points) for o in outcomes)
+    reused = sum(o.reused for o in outcomes)
+    frame = plan_rows(configs, outcomes, spec, prices)
+    return PlanResult(spec, frame, _info(scenario, spec, configs, prices, simulated, reused),
+                      simulated, reused)
+
+
+def write_plan(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write plan.csv, plan.json (the spec and the rows) and plan.html (atomically)."""
+    from batchsim.reports.capacity import write_plan_report
+
+    out = Path(out_dir)
+    spec = result.spec
+    write_csv(out / "plan.csv", result.frame)
+    records = result.frame.astype(object).where(result.frame.notna(), None).to_dict(orient="records")
+    write_json(out / "plan.json", {
+        "slos": dict(spec.slos), "target_rate": spec.target_rate, "tol": spec.tol,
+        "pareto_metric": spec.pareto_metric, "configurations": records})
+    html = write_plan_report(out, result.frame, result.info, list(spec.slos), spec.pareto_metric,
+                             spec.target_rate)
+    return {"plan.csv": out / "plan.csv", "plan.json": out / "plan.json", "plan.html": html}

@@ -1,0 +1,167 @@
+"""Capacity search: the highest arrival rate one configuration sustains under its SLOs.
+
+A configuration's verdict at a rate comes from one simulation (a *point*);
+the search only sees ``evaluate(rate) -> metrics`` and the SLO limits, so it
+is tested with plain functions. It brackets the capacity by doubling (or
+halving) from a start rate, then bisects until the bracket ``[lo, hi)`` is
+within a relative tolerance: ``hi - lo <= tol * lo``. The answer is ``lo``,
+a rate that was simulated and met every SLO.
+
+NOTE: the rates tried depend only on the start rate and on which earlier
+rates passed, and a point's metrics do not depend on the SLO. So a looser SLO
+(one that passes every rate a tighter one passes) can only keep a bracket
+higher: the capacity found is monotone in the SLO even when the metrics are
+noisy in the rate (the proof is in docs/capacity-planning.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from batchsim.sim.errors import InputError
+
+__all__ = ["SLO_METRICS", "MIN_COMPLETED", "parse_slos", "verdict", "search", "SearchOutcome", "nice_rate"]
+
+_STATS = ("mean", "median", "p90", "p99")
+# Summary keys (milliseconds) an SLO may bound; the *_queue_ms ones are computed
+# by batchsim.app.capacity.planner from the request records (queue = admitted - arrival).
+SLO_METRICS: tuple[str, ...] = tuple(
+    f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el", "queue") for s in _STATS
+) + ("max_itl_ms", "max_queue_ms")
+
+MIN_COMPLETED = 0.99  # a point also fails when fewer of its measured requests complete
+
+
+def parse_slos(items: Sequence[str] | None) -> dict[str, float]:
+    """``["p99_ttft_ms=500", "p99_tpot_ms=50,max_itl_ms=200"]`` -> ``{name: limit}``.
+
+    Unknown names, non-positive limits and a name given twice are InputErrors.
+    """
+    out: dict[str, float] = {}
+    for item in items or []:
+        for part in (p.strip() for p in item.split(",")):
+            if not part:
+                continue
+            name, sep, raw = part.partition("=")
+            name = name.strip()
+            if not sep:
+                raise InputError(f"expected NAME=LIMIT_MS, got {part!r}", "--slo")
+            if name not in SLO_METRICS:
+                raise InputError(f"unknown SLO metric {name!r}; valid: {', '.join(SLO_METRICS)}", "--slo")
+            try:
+                limit = float(raw)
+            except ValueError:
+                raise InputError(f"{name}: not a number: {raw!r}", "--slo") from None
+            if not (limit > 0 and math.isfinite(limit)):
+                raise InputError(f"{name}: the limit must be a positive number of ms, got {raw!r}", "--slo")
+            if name in out:
+                raise InputError(f"{name} is given twice", "--slo")
+            out[name] = limit
+    if not out:
+        raise InputError("give at least one SLO, e.g. --slo p99_ttft_ms=500 --slo p99_tpot_ms=50", "--slo")
+    return out
+
+
+def verdict(metrics: Mapping[str, float], slos: Mapping[str, float]) -> tuple[bool, str]:
+    """``(meets every SLO, why not)`` for one point's metrics.
+
+    A point with any rejected or unfinished request, or with fewer than
+    :data:`MIN_COMPLETED` of its measured requests completed, fails whatever
+    its latencies (those would describe only the requests that got through).
+    """
+    rejected = int(metrics.get("all_rejected", metrics.get("rejected", 0)))
+    unfinished = int(metrics.get("all_unfinished", metrics.get("unfinished", 0)))
+    if rejected:
+        return False, f"{rejected} requests rejected"
+    if unfinished:
+        return False, f"{unfinished} requests unfinished at the horizon"
+    measured = metrics.get("measured_requests", 0)
+    if measured and metrics.get("completed", 0) < MIN_COMPLETED * measured:
+        return False, f"only {int(metrics['completed'])} of {int(measured)} requests completed"
+    for name, limit in slos.items():
+        value = float(metrics[name])
+        if value > limit:
+            return False, f"{name} {value:.6g} > {limit:g}"
+    return True, ""
+
+
+def nice_rate(rate: float) -> float:
+    """``rate`` rounded to 3 significant digits (the start of a search)."""
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"a start rate must be positive and finite, got {rate}")
+    return float(f"{rate:.3g}")
+
+
+@dataclass
+class SearchOutcome:
+    """Where a search ended.
+
+    ``capacity`` is the highest rate that met every SLO (0.0 when none did),
+    ``metrics`` the metrics there; ``limit_rate`` is the lowest failing rate
+    above it (the bracket's top; None if every rate tried passed) and
+    ``limit_reason`` why it failed. ``trail`` lists ``(rate, passed)`` in the
+    order tried.
+    """
+
+    capacity: float
+    metrics: dict | None
+    limit_rate: float | None
+    limit_reason: str
+    trail: list[tuple[float, bool]] = field(default_factory=list)
+
+
+def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, float], start: float,
+           tol: float = 0.05, max_doublings: int = 16, max_halvings: int = 5) -> SearchOutcome:
+    """Bracket then bisect the highest rate whose point meets ``slos``.
+
+    Doubles from ``start`` while points pass (at most ``max_doublings``
+    times) or halves while they fail (at most ``max_halvings`` times; then
+    the capacity is 0), then bisects ``[lo, hi)`` until ``hi - lo <= tol * lo``.
+
+    NOTE: the halving floor is low on purpose but finite: a point far below
+    capacity serves requests nearly one at a time, which costs the most
+    simulated steps and cannot rescue an SLO a lone request already misses.
+    """
+    if not 0 < tol < 1:
+        raise InputError(f"the tolerance must be in (0, 1), got {tol:g}", "--tol")
+    trail: list[tuple[float, bool]] = []
+    seen: dict[float, tuple[bool, str, dict]] = {}
+
+    def probe(rate: float) -> bool:
+        if rate not in seen:
+            m = dict(evaluate(rate))
+            ok, why = verdict(m, slos)
+            seen[rate] = (ok, why, m)
+        trail.append((rate, seen[rate][0]))
+        return seen[rate][0]
+
+    lo, hi = _bracket(probe, nice_rate(start), max_doublings, max_halvings)
+    if lo is None:
+        return SearchOutcome(0.0, None, hi, f"fails even at {hi:.4g} req/s: {seen[hi][1]}", trail)
+    while hi is not None and hi - lo > tol * lo:
+        mid = (lo + hi) / 2.0
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return SearchOutcome(lo, seen[lo][2], hi, seen[hi][1] if hi is not None else "", trail)
+
+
+def _bracket(probe: Callable[[float], bool], start: float, max_doublings: int,
+             max_halvings: int) -> tuple[float | None, float | None]:
+    """``(lo, hi)``: lo passed (None if nothing did), hi failed (None if nothing did)."""
+    if probe(start):
+        lo = start
+        for _ in range(max_doublings):
+            if not probe(lo * 2.0):
+                return lo, lo * 2.0
+            lo *= 2.0
+        return lo, None
+    hi = start
+    for _ in range(max_halvings):
+        if probe(hi / 2.0):
+            return hi / 2.0, hi
+        hi /= 2.0
+    return None, hi

@@ -1,0 +1,184 @@
+"""The ``batchsim`` command line: thin typer commands over library calls.
+
+Each command parses its options and calls one library function. Bad input
+(:class:`batchsim.sim.errors.InputError`, a missing file, a bad option) prints one
+``error:`` line and exits 2 with no traceback unless ``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from batchsim import __version__
+from batchsim.sim.errors import InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Simulate LLM inference batching policies, priced by a roofline cost model.")
+_state = {"debug": False}
+err_console = Console(stderr=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"batchsim {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks for errors")] = False,
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    # NOTE: --version is eager: a group without a command fails ("Missing
+    # command") before its own callback runs.
+    _state["debug"] = debug
+
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a scenario field: dotted.key=value (repeatable)")]
+
+
+def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None):
+    from batchsim.app.builtin import builtin_scenario_path
+    from batchsim.app.config import load_scenario
+
+    path = scenario if scenario is not None else builtin_scenario_path()
+    sets = list(overrides or [])
+    sc = load_scenario(path, sets)
+    if policy:
+        keep = {k: v for k, v in sc.policy.items()
+                if k in ("block_size", "gpu_memory_utilization", "max_model_len")}
+        sc = load_scenario(path, sets + [f"policy={json.dumps(dict(keep, name=policy))}"])
+    return sc, Path(path).resolve().parent
+
+
+def _naming_file(scenario: Path | None, fn, *args):
+    """``fn(*args)``; an InputError about a scenario field (``policy.max_num_seqs``,
+    ``router``) raised while building or running gets the scenario file in front."""
+    from batchsim.app.config import Scenario
+
+    try:
+        return fn(*args)
+    except InputError as e:
+        head = (e.where or "").split(".")[0]
+        if scenario is None or head not in Scenario.model_fields:
+            raise
+        raise InputError(e.message, f"{scenario}: {e.where}") from None
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    policy: Annotated[Optional[str], typer.Option(help="run this policy instead of the scenario's (its default knobs)")] = None,
+    set_: SetOpt = None,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,
+) -> None:
+    """Run one simulation: print a summary, write summary.json, requests.csv, steps.csv."""
+    from batchsim.app.runner import run_scenario, write_outputs
+    from batchsim.app.summary_table import summary_table
+
+    sc, base = _load(scenario, policy, set_)
+    if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
+        raise InputError(f"{out} is a file; expected a folder for the records", "--out")
+    result = _naming_file(scenario, run_scenario, sc, base)
+    dest = out or Path("runs") / f"{sc.name}-{result.summary['policy']}"
+    write_outputs(result, dest)
+    if as_json:
+        typer.echo(json.dumps(result.summary, indent=2))
+    else:
+        console = Console()
+        console.print(summary_table([result.summary], title=f"{sc.name}: {result.meta['model']} on "
+                                    f"{result.meta['hardware']} x{sc.replicas}"))
+        console.print(f"records written to {dest}/")
+
+
+# Bounds that keep a step's arithmetic in int64 and its rows in memory
+# (the same token bound as batchsim.workloads.config.MAX_TOKENS).
+_MAX_TOKENS = 2**40
+_MAX_BATCH = 1_000_000
+
+
+@app.command()
+def cost(
+    model: Annotated[str, typer.Argument(help="model catalog name or config.json path")],
+    hardware: Annotated[str, typer.Argument(help="hardware profile name or YAML path")],
+    tp: Annotated[int, typer.Option(help="tensor-parallel size", min=1)] = 1,
+    dtype: Annotated[str, typer.Option(help="weight dtype: bf16, fp16, fp8, int4")] = "bf16",
+    prefill: Annotated[Optional[int], typer.Option(help="price a prefill of this many tokens", min=1, max=_MAX_TOKENS)] = None,
+    decode: Annotated[Optional[int], typer.Option(help="price a decode step of this batch size", min=1, max=_MAX_BATCH)] = None,
+    context: Annotated[Optional[int], typer.Option(help="context length of each decoding sequence", min=0, max=_MAX_TOKENS)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Price one step operator by operator and show the KV capacity."""
+    from batchsim.calibrate.report import cost_report, render_cost_table
+
+    rep = cost_report(model, hardware, tp=tp, dtype=dtype, prefill=prefill, decode=decode, context=context)
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2))
+    else:
+        Console().print(render_cost_table(rep))
+
+
+def _register_commands() -> None:
+    from batchsim.app.commands import register_all
+
+    register_all(app)
+
+
+_register_commands()
+
+
+# click's ClickException: typer < 0.20 re-exports click's, later typers vendor
+# their own copy (no ``click`` module to import), so find it from BadParameter.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_INTERRUPTED = "interrupted; finished results already written are kept"
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
+    sys.exit(2)
+
+
+def main() -> None:
+    """Console-script entry point: maps input errors to exit code 2."""
+    from rich.markup import escape
+
+    try:
+        rv = app(standalone_mode=False, prog_name="batchsim")
+        if rv == 130:  # typer turns Ctrl-C into Exit(130), which standalone_mode=False returns
+            err_console.print(_INTERRUPTED, highlight=False)
+            sys.exit(130)
+        if isinstance(rv, int) and rv:
+            sys.exit(rv)
+    except InputError as e:
+        if _state["debug"]:
+            raise
+        _fail(escape(str(e)))
+    except _CLICK_ERROR as e:  # bad usage: unknown option, missing argument, bad option value
+        if _state["debug"]:
+            raise
+        message = e.format_message()
+        if not message:  # no arguments at all: click printed the help
+            sys.exit(2)
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        _fail(escape(message + hint))
+    except OSError as e:
+        if _state["debug"]:
+            raise
+        name = f": {e.filename}" if e.filename else ""
+        _fail(escape(f"{e.strerror or e}{name}"))
+    except (KeyboardInterrupt, typer.Abort):
+        err_console.print(_INTERRUPTED, highlight=False)
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,161 @@
+"""``batchsim calibrate`` and ``batchsim validate``: fit a profile on a device, then check it.
+
+Thin: each command parses its options, calls one library function
+(:func:`batchsim.app.validate.calibrate_device`, or ``fit_calibration`` on read-back
+evidence with ``--refit``; :func:`batchsim.app.validate.validate`, or ``replay`` with
+``--replay``), shows a progress bar and prints the result. torch is imported inside the
+command bodies only, so ``batchsim --help`` and simulations run without it.
+``validate`` exits 1 when an error exceeds its tolerance, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+__all__ = ["register", "calibrate_command", "validate_command"]
+
+DeviceOpt = Annotated[str, typer.Option(help="where to run the kernels: cpu, cuda or cuda:<index>")]
+ThreadsOpt = Annotated[int, typer.Option(min=0, help="torch CPU threads while timing (0: leave torch's default)")]
+
+
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        from batchsim.sim.errors import InputError
+
+        raise InputError("calibration needs torch: pip install 'batchsim[calibrate]'") from None
+
+
+def _progress(description: str):
+    """A rich progress bar and the ``(done, total, label)`` callback that drives it."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[label]}"), transient=True)
+    task = bar.add_task(description, total=1, label="")
+
+    def tick(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, label=label)
+    return bar, tick
+
+
+def calibrate_command(
+    out: Annotated[Path, typer.Option(help="profile YAML to write")],
+    device: DeviceOpt = "cpu",
+    dtype: Annotated[str, typer.Option(help="compute dtype: bf16 or fp16")] = "bf16",
+    quick: Annotated[bool, typer.Option("--quick", help="smaller grids and fewer rounds (CI: well under a minute on a CPU)")] = False,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="model whose shapes to time (repeatable; default tiny-llama on cpu, llama-3-8b on cuda); the first also runs whole steps for the host overhead")] = None,
+    name: Annotated[Optional[str], typer.Option(help="profile name (default from the device)")] = None,
+    threads: ThreadsOpt = 1,
+    rounds: Annotated[Optional[int], typer.Option(min=1, help="timed rounds of every step (default 15, 7 with --quick)")] = None,
+    evidence: Annotated[Optional[Path], typer.Option(help="folder for the measurements behind the profile: kernels.csv, steps.csv, facts.json")] = None,
+    refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed; the device, dtype, model and timing options are then those recorded)")] = None,
+) -> None:
+    """Time real kernels on the device, fit a hardware profile, print the held-out fit error."""
+    from rich.console import Console
+
+    from batchsim.calibrate.hardware import save_hardware
+
+    if refit is not None:
+        from batchsim.app.validate import fit_calibration, read_evidence
+
+        cal = fit_calibration(*read_evidence(refit), name)
+    else:
+        _need_torch()
+        from batchsim.app.validate import calibrate_device
+
+        bar, tick = _progress("calibrating")
+        with bar:
+            cal = calibrate_device(device, dtype, quick=quick, models=model, threads=threads or None, name=name,
+                                   progress=tick, rounds=rounds)
+    save_hardware(cal.profile, out)
+    if evidence is not None:
+        from batchsim.app.validate import write_evidence
+
+        write_evidence(cal, evidence)
+    console = Console(highlight=False)
+    held = cal.held_out
+    how = f"refitted from {refit}" if refit is not None else f"{cal.seconds:.0f} s"
+    console.print(f"profile {cal.profile.name} written to {out} ({len(cal.samples)} kernels timed, {how})")
+    console.print(f"peak {cal.profile.peak_tflops} TFLOP/s, bandwidth {cal.profile.hbm_bandwidth_gbs:g} GB/s, "
+                  f"launch {cal.profile.launch_latency_us:g} us, host {cal.profile.host_overhead.per_step_us:g} us/step "
+                  f"+ {cal.profile.host_overhead.per_seq_us:g} us/seq "
+                  f"+ {cal.profile.host_overhead.per_decode_step_us:g} us per step with decode rows")
+    parts = ", ".join(f"{c} {v['median']:.1%}" for c, v in held.items() if c != "overall")
+    console.print(f"held-out kernel error (median |predicted/measured - 1|): {held['overall']['median']:.1%} "
+                  f"over {held['overall']['n']} kernels ({parts})")
+    idle = cal.facts.get("device_idle")
+    if idle:
+        console.print(f"device idle between timed kernels: median {idle['median']:.1%}, p90 {idle['p90']:.1%}"
+                      + (" [bold yellow](over 10%: some kernel times include launches)[/]" if idle["p90"] > 0.1 else ""))
+
+
+def validate_command(
+    profile: Annotated[Path, typer.Option(help="calibrated profile YAML of this device")],
+    out: Annotated[Path, typer.Option(help="output folder for validate.json, validate.csv and validate.png")],
+    device: DeviceOpt = "cpu",
+    model: Annotated[Optional[str], typer.Option(help="model to execute (default tiny-llama on cpu, llama-3-8b on cuda)")] = None,
+    policies: Annotated[str, typer.Option(help="comma-separated policies")] = "static,dynamic,continuous,chunked_prefill",
+    requests: Annotated[int, typer.Option(min=2, help="requests in the workload")] = 60,
+    rate: Annotated[float, typer.Option(min=0.01, help="Poisson arrival rate, requests/s (keep the executor well below saturation, where queueing amplifies any step-time error)")] = 4.0,
+    seed: Annotated[int, typer.Option(min=0, help="workload seed")] = 0,
+    repeats: Annotated[int, typer.Option(min=1, help="executor runs per policy (metrics: their median)")] = 1,
+    step_repeats: Annotated[int, typer.Option(min=1, help="runs of each executed step; it costs the median run")] = 3,
+    p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
+    p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25, batchsim.app.validate.TOL_P99; with --replay, the recorded one)")] = None,
+    threads: ThreadsOpt = 1,
+    replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
+) -> None:
+    """Run one workload through the reference executor and the simulator per policy; compare."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from batchsim.app.validate import write_validation
+
+    if replay is not None:
+        from batchsim.app.validate import replay as replay_runs
+
+        if Path(out).resolve() == Path(replay).resolve():
+            from batchsim.sim.errors import InputError
+
+            raise InputError("--out must differ from the --replay folder (it would overwrite the recorded runs)",
+                             "--out")
+        v = replay_runs(replay, profile, tol_p50=p50_tol, tol_p99=p99_tol)
+    else:
+        _need_torch()
+        from batchsim.app.validate import TOL_P99, validate
+
+        bar, tick = _progress("validating")
+        with bar:
+            v = validate(device, profile, model=model,
+                         policies=[p.strip() for p in policies.split(",") if p.strip()], requests=requests,
+                         rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats, threads=threads or None,
+                         tol_p50=p50_tol, tol_p99=TOL_P99 if p99_tol is None else p99_tol, progress=tick)
+    files = write_validation(v, out)
+    table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
+    for col in ("policy", "metric", "measured", "simulated", "error", "tolerance", ""):
+        table.add_column(col, justify="right" if col in ("measured", "simulated", "error", "tolerance") else "left")
+    for r in v.rows:
+        tol = "-" if r["tolerance"] is None else f"{r['tolerance']:.0%}"
+        table.add_row(r["policy"], f"{r['metric']} {r['percentile']}", f"{r['measured_ms']:.2f}",
+                      f"{r['simulated_ms']:.2f}", f"{r['rel_error']:+.1%}", tol, "ok" if r["ok"] else "FAIL")
+    console = Console(width=None if Console().is_terminal else 120, highlight=False)
+    console.print(table)
+    for p, s in v.steps.items():
+        console.print(f"{p}: {s['steps']} steps, median |step-time error| {s['median_abs_error']:.1%}, "
+                      f"total {s['total_error']:+.1%}")
+    console.print(f"written: {', '.join(str(f) for f in files.values())}")
+    if not v.passed:
+        console.print("[bold red]FAILED[/]: an error exceeds its tolerance")
+        raise typer.Exit(1)
+    console.print("[green]OK[/]: every TTFT/TPOT error within tolerance")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``calibrate`` and ``validate`` to the ``batchsim`` app."""
+    app.command("calibrate")(calibrate_command)
+    app.command("validate")(validate_command)

@@ -1,0 +1,72 @@
+"""``batchsim plan``: capacity under SLOs per (hardware, TP, policy, knobs), replicas and cost.
+
+Thin: parses the options into a :class:`batchsim.app.capacity.planner.PlanSpec`, calls
+:func:`batchsim.app.capacity.planner.plan` and :func:`batchsim.app.capacity.planner.write_plan`, prints the table
+sorted by cost and how many points were simulated or reused (a rerun into
+the same ``--out`` resumes). Bad input is an InputError (exit 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from batchsim.app.commands.compare import ExecutorOpt, SetOpt, WorkersOpt
+
+__all__ = ["register", "plan_command"]
+
+ListOpt = Optional[list[str]]
+
+
+def plan_command(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate is searched)")],
+    slo: Annotated[ListOpt, typer.Option("--slo", help="NAME=LIMIT_MS a configuration must meet, e.g. p99_ttft_ms=500 "
+                                                       "(repeatable; names are summary.json keys, plus *_queue_ms)")] = None,
+    target_rate: Annotated[Optional[float], typer.Option(help="requests/s the fleet must serve (sizes replicas and cost)")] = None,
+    hardware: Annotated[Optional[str], typer.Option(help="comma-separated hardware profiles (default: the scenario's)")] = None,
+    tp: Annotated[Optional[str], typer.Option(help="comma-separated tensor-parallel sizes, e.g. 1,2,4")] = None,
+    policies: Annotated[Optional[str], typer.Option(help="comma-separated policies (default: the scenario's)")] = None,
+    knob: Annotated[ListOpt, typer.Option("--knob", help="dotted.key=v1,v2,...: try each value, e.g. "
+                                                         "policy.max_num_batched_tokens=256,512 (repeatable)")] = None,
+    price: Annotated[ListOpt, typer.Option("--price", help="HW=USD_PER_GPU_HOUR overriding the price table (repeatable)")] = None,
+    prices: Annotated[Optional[Path], typer.Option(help="price table YAML (default batchsim/calibrate/prices.yaml)")] = None,
+    tol: Annotated[float, typer.Option(help="stop bisecting when the bracket is within this fraction of its low end")] = 0.05,
+    pareto_metric: Annotated[str, typer.Option(help="latency axis of the Pareto front")] = "p99_e2el_ms",
+    out: Annotated[Optional[Path], typer.Option(help="output folder; rerunning into it resumes (default runs/plan-<scenario>)")] = None,
+    set_: SetOpt = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="Ray cluster address for --executor ray (default: start a local Ray)")] = None,
+) -> None:
+    """Find each configuration's highest load under the SLOs; write plan.csv, plan.json and plan.html."""
+    from rich.console import Console
+
+    from batchsim.reports.capacity import console_table
+    from batchsim.app.commands.compare import load_for_command
+    from batchsim.app.capacity.planner import PlanSpec, plan, write_plan
+    from batchsim.app.capacity.costs import parse_prices
+    from batchsim.app.capacity.grid import parse_knobs, parse_names, parse_tps
+    from batchsim.app.capacity.search import parse_slos
+
+    spec = PlanSpec(slos=parse_slos(slo), hardware=parse_names(hardware, "--hardware"), tps=parse_tps(tp),
+                    policies=parse_names(policies, "--policies"), knobs=parse_knobs(knob),
+                    target_rate=target_rate, prices=parse_prices(price),
+                    price_table=str(prices) if prices is not None else None, tol=tol, pareto_metric=pareto_metric)
+    sc, base = load_for_command(scenario, set_)
+    dest = out or Path("runs") / f"plan-{sc.name}"
+    result = plan(sc, spec, dest, base_dir=base, executor=executor, workers=workers, ray_address=ray_address)
+    files = write_plan(result, dest)
+    # NOTE: piped output is not a terminal; rich would wrap the table at 80 columns.
+    console = Console(width=None if Console().is_terminal else 240, highlight=False)
+    title = f"{sc.name}: {result.info.model}, capacity per replica under {', '.join(spec.slos)}"
+    console.print(console_table(result.frame, list(spec.slos), spec.pareto_metric, spec.target_rate, title))
+    console.print(f"points: {result.simulated} simulated, {result.reused} reused from {dest / 'points'}")
+    console.print(f"report: {files['plan.html']}")
+    console.print(f"table:  {files['plan.csv']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan`` to the ``batchsim`` app."""
+    app.command("plan")(plan_command)

@@ -1,0 +1,63 @@
+"""``batchsim compare``: every chosen policy on the same workload, as an HTML report.
+
+Thin: loads the scenario (the built-in example when none is given), calls
+:func:`batchsim.app.compare.compare` and :func:`batchsim.app.compare.write_comparison`, prints
+the summary table. Bad input is an :class:`batchsim.sim.errors.InputError` (exit 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+__all__ = ["register", "compare_command", "load_for_command"]
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a scenario field: dotted.key=value (repeatable)")]
+PoliciesOpt = Annotated[str, typer.Option(help="comma-separated policies to run on the same workload")]
+SeedsOpt = Annotated[int, typer.Option(min=1, help="repeat with N independent seeds (scenario seed + i); metrics become mean ± 95% CI")]
+ExecutorOpt = Annotated[str, typer.Option(help="where runs execute: local (process pool), serial (this process) or ray")]
+WorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="parallel runs (default: one per core)")]
+
+
+def load_for_command(scenario: Path | None, overrides: list[str] | None):
+    """The scenario (or the built-in example) and the folder its paths resolve against."""
+    from batchsim.app.builtin import builtin_scenario_path
+    from batchsim.app.config import load_scenario
+
+    path = scenario if scenario is not None else builtin_scenario_path()
+    return load_scenario(path, list(overrides or [])), Path(path).resolve().parent
+
+
+def compare_command(
+    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML file (default: the built-in example)")] = None,
+    policies: PoliciesOpt = "static,dynamic,continuous,chunked_prefill",
+    seeds: SeedsOpt = 1,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/compare-<scenario>)")] = None,
+    set_: SetOpt = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+) -> None:
+    """Run every chosen policy on the identical workload; write summary.csv, PNGs and report.html."""
+    from rich.console import Console
+
+    from batchsim.app.compare import compare, write_comparison
+    from batchsim.app.summary_table import summary_table
+
+    sc, base = load_for_command(scenario, set_)
+    comp = compare(sc, policies, seeds=seeds, base_dir=base, executor=executor, workers=workers)
+    dest = out or Path("runs") / f"compare-{sc.name}"
+    files = write_comparison(comp, dest)
+    info = comp.info
+    title = f"{sc.name}: {info.model} on {info.hardware}" + (f", mean of {seeds} seeds" if seeds > 1 else "")
+    # NOTE: piped output is not a terminal; rich would wrap the table at 80 columns.
+    console = Console(width=None if Console().is_terminal else 140)
+    console.print(summary_table(comp.summaries, title=title))
+    console.print(f"report: {files['report.html']}")
+    console.print(f"table:  {files['summary.csv']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``compare`` to the ``batchsim`` app."""
+    app.command("compare")(compare_command)

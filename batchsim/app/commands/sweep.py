@@ -1,0 +1,51 @@
+"""``batchsim sweep``: latency, throughput and goodput against offered load per policy.
+
+Thin: loads the scenario, calls :func:`batchsim.app.sweep.sweep` (which writes
+``sweep_runs.csv`` as points finish) and :func:`batchsim.app.sweep.write_sweep`, and
+prints each policy's saturation point.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from batchsim.app.commands.compare import ExecutorOpt, PoliciesOpt, SeedsOpt, SetOpt, WorkersOpt
+
+__all__ = ["register", "sweep_command"]
+
+
+def sweep_command(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate is swept)")],
+    rates: Annotated[str, typer.Option(help="comma-separated offered loads in requests/s, e.g. 2,4,8,12,16")],
+    policies: PoliciesOpt = "static,dynamic,continuous,chunked_prefill",
+    seeds: SeedsOpt = 1,
+    out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/sweep-<scenario>)")] = None,
+    set_: SetOpt = None,
+    executor: ExecutorOpt = "local",
+    workers: WorkersOpt = None,
+) -> None:
+    """Sweep the arrival rate per policy; write sweep.csv, sweep.png and report.html."""
+    from rich.console import Console
+
+    from batchsim.reports.sweep import saturation_text
+    from batchsim.app.commands.compare import load_for_command
+    from batchsim.app.sweep import parse_rates, sweep, write_sweep
+
+    sc, base = load_for_command(scenario, set_)
+    dest = out or Path("runs") / f"sweep-{sc.name}"
+    result = sweep(sc, parse_rates(rates), policies, seeds=seeds, base_dir=base, executor=executor,
+                   workers=workers, out_dir=dest)
+    files = write_sweep(result, dest)
+    console = Console(highlight=False)
+    for line in saturation_text(result.saturation):
+        console.print(line)
+    console.print(f"report: {files['report.html']}")
+    console.print(f"table:  {files['sweep.csv']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sweep`` to the ``batchsim`` app."""
+    app.command("sweep")(sweep_command)

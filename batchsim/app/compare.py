@@ -1,0 +1,265 @@
+"""``batchsim compare``: every chosen policy on the identical workload and cost model.
+
+The scenario's policy section is swapped for each policy (the KV knobs
+``block_size``, ``gpu_memory_utilization`` and ``max_model_len`` are kept so
+every policy has the same KV cache); seed i of ``--seeds N`` uses
+``scenario.seed + i``. Runs are independent tasks for
+:func:`batchsim.app.workers.run_tasks`; each task is a picklable :class:`RunTask`
+(a scenario dict and the folder its relative paths resolve against) and
+rebuilds its parts in the worker. The workload is a pure function of the
+scenario's workload section and seed, so every policy sees identical
+requests wherever it runs. The report itself is made by ``batchsim/reports/`` from
+the records this module collects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from batchsim.reports.progress import progress
+from batchsim.reports.runs import PolicyRun, ReportInfo
+from batchsim.app.config import Scenario, scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.workers import run_tasks
+
+__all__ = ["DEFAULT_POLICIES", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
+           "parse_policies", "with_policy", "with_seed", "scenario_data", "run_task",
+           "simulate_task", "report_info", "write_comparison", "call_text", "policy_config",
+           "describe_workload", "knob_text"]
+
+DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
+KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "max_model_len")
+
+
+def parse_policies(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"a,b"`` (or a list) -> unique names in order; empty means all four built-ins."""
+    items = text.split(",") if isinstance(text, str) else list(text or [])
+    names = tuple(dict.fromkeys(s.strip() for s in items if s.strip()))
+    return names or DEFAULT_POLICIES
+
+
+def scenario_data(scenario: Scenario) -> dict:
+    """The scenario as the plain dict it was written as (unset defaults left out).
+
+    NOTE: ``exclude_unset`` matters: a trace workload forbids an explicit
+    ``arrival`` section, which dumping the defaults would add.
+    """
+    return scenario.model_dump(mode="json", exclude_unset=True)
+
+
+def with_policy(scenario: Scenario, name: str) -> Scenario:
+    """The scenario with ``name`` as its policy: the same KV knobs, plus the
+    knobs ``policy_knobs[name]`` gives (defaults otherwise).
+
+    The scenario's own policy keeps all its knobs (comparing it is not a swap).
+    """
+    if scenario.policy.get("name") == name:
+        return scenario
+    data = scenario_data(scenario)
+    keep = {k: v for k, v in scenario.policy.items() if k in KEEP_KNOBS}
+    data["policy"] = {**keep, **scenario.policy_knobs.get(name, {}), "name": name}
+    return scenario_from_dict(data, f"--policies {name}")
+
+
+def with_seed(scenario: Scenario, index: int) -> Scenario:
+    """Seed ``index`` of a multi-seed run: ``scenario.seed + index``."""
+    if index == 0:
+        return scenario
+    data = scenario_data(scenario)
+    data["seed"] = scenario.seed + index
+    return scenario_from_dict(data, "seed")
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One simulation to run anywhere: plain data, so it pickles."""
+
+    scenario: dict
+    base_dir: str | None
+    label: str
+    seed_index: int = 0
+    keep_records: bool = True
+
+
+@dataclass
+class RunOutput:
+    """What a worker sends back: the summary, run facts and (optionally) records."""
+
+    label: str
+    seed_index: int
+    summary: dict
+    meta: dict
+    requests: pd.DataFrame | None = None
+    steps: pd.DataFrame | None = None
+    itl: pd.DataFrame | None = None
+
+
+# NOTE: a tiny per-process memo of built parts, keyed by the scenario minus its
+# policy: in-process (serial) runs build the model, cost model and workload
+# once for all policies; pool workers build them once per worker. Two entries
+# bound the memory a long sweep can pin.
+_PARTS: "OrderedDict[str, Any]" = OrderedDict()
+_PARTS_MAX = 2
+
+
+def _parts_for(scenario: Scenario, data: dict, base_dir: str | None):
+    from batchsim.app.runner import build_parts
+
+    key = json.dumps({k: v for k, v in data.items() if k != "policy"}, sort_keys=True) + f"|{base_dir}"
+    if key not in _PARTS:
+        _PARTS[key] = build_parts(scenario, Path(base_dir) if base_dir else None)
+        while len(_PARTS) > _PARTS_MAX:
+            _PARTS.popitem(last=False)
+    return _PARTS[key]
+
+
+def simulate_task(task: RunTask):
+    """Validate, build (or reuse) the parts, simulate: ``(RunResult, run meta)``."""
+    from batchsim.app.runner import simulate
+
+    scenario = scenario_from_dict(task.scenario, task.label)
+    parts = _parts_for(scenario, task.scenario, task.base_dir)
+    result = simulate(scenario, parts)
+    meta = dict(result.meta, peak_flops=float(parts.cost.peak_flops),
+                peak_bandwidth=float(parts.cost.peak_bandwidth), replicas=scenario.replicas,
+                warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s)
+    return result, meta
+
+
+def run_task(task: RunTask) -> RunOutput:
+    """The compare worker (module level, so process pools and Ray can pickle it)."""
+    result, meta = simulate_task(task)
+    out = RunOutput(task.label, task.seed_index, result.summary, meta)
+    if task.keep_records:
+        out.requests, out.steps, out.itl = result.requests, result.steps, result.itl
+    return out
+
+
+@dataclass
+class Comparison:
+    """A finished comparison: per-policy runs (records + summaries) and the header."""
+
+    scenario: Scenario
+    runs: list[PolicyRun]
+    info: ReportInfo
+    policy_knobs: list[str]  # one "name(knob=value, ...)" line per policy
+
+    @property
+    def summaries(self) -> list[dict]:
+        """Each policy's summary (means over seeds when there are several)."""
+        return [r.stats() for r in self.runs]
+
+
+def policy_config(scenario: Scenario) -> dict:
+    """Build the policy once here so a bad name or knob fails before any run;
+    return its full config (every knob, defaults included) for the report."""
+    from batchsim.policies import create_policy
+
+    config = getattr(create_policy(scenario.policy), "config", None)
+    return config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(scenario.policy)
+
+
+def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seeds: int = 1,
+            base_dir: str | Path | None = None, executor: str = "local", workers: int | None = None,
+            show_progress: bool | None = None,
+            task_fn: Callable[[RunTask], RunOutput] = run_task) -> Comparison:
+    """Run every policy (x seeds) on the scenario's workload; collect records and summaries.
+
+    ``task_fn`` is the worker (module level); tests pass a double.
+    """
+    if seeds < 1:
+        raise InputError(f"must be at least 1, got {seeds}", "--seeds")
+    names = parse_policies(policies)
+    variants = [with_policy(scenario, p) for p in names]
+    knobs = [policy_config(v) if task_fn is run_task else dict(v.policy) for v in variants]
+    base = str(base_dir) if base_dir is not None else None
+    tasks = [RunTask(scenario_data(with_seed(v, i)), base, p, i, keep_records=(i == 0))
+             for p, v in zip(names, variants) for i in range(seeds)]
+    results: list[RunOutput | None] = [None] * len(tasks)
+    with progress(len(tasks), f"compare {scenario.name}", show_progress) as advance:
+        for idx, out in run_tasks(task_fn, tasks, executor, workers):
+            results[idx] = out
+            advance(f"{out.label} (seed {scenario.seed + out.seed_index})")
+    runs = []
+    for k, p in enumerate(names):
+        group = results[k * seeds:(k + 1) * seeds]
+        first = group[0]
+        runs.append(PolicyRun(policy=p, requests=first.requests, steps=first.steps, itl=first.itl,
+                              summaries=tuple(r.summary for r in group), meta=first.meta))
+    metas = [r.meta for r in runs]
+    return Comparison(scenario, runs, report_info(scenario, metas, seeds, "compare"),
+                      [knob_text(k, m) for k, m in zip(knobs, metas)])
+
+
+def knob_text(config: dict, meta: dict) -> str:
+    """One report line per policy: every knob, and the KV cache it got."""
+    kv = meta.get("kv_capacity_tokens")
+    return call_text(config, "name") + (f"; KV cache {int(kv):,} tokens per replica" if kv is not None else "")
+
+
+def call_text(spec: Any, kind: str) -> str:
+    """A config as ``name(knob=value, ...)``; ``kind`` is its name field (name, process, dist)."""
+    d = spec.model_dump(mode="json", exclude_none=True) if hasattr(spec, "model_dump") else dict(spec)
+    name = d.pop(kind, d.pop("name", "?"))
+    return f"{name}(" + ", ".join(f"{k}={v}" for k, v in d.items()) + ")"
+
+
+def describe_workload(scenario: Scenario) -> str:
+    """One line: how many requests, arriving how, with what lengths."""
+    w = scenario.workload
+    size = ", ".join(x for x in (f"{w.num_requests} requests" if w.num_requests is not None else "",
+                                 f"{w.duration_s:g} s" if w.duration_s is not None else "") if x)
+    if w.trace is not None:
+        src = f"trace {w.trace.format}: {w.trace.path}"
+        arrival = "" if w.trace_has_arrivals else f"; arrivals {call_text(w.arrival, 'process')}"
+        return f"{src}{arrival}" + (f" ({size})" if size else "")
+    return (f"{size}; arrivals {call_text(w.arrival, 'process')}; prompt {call_text(w.prompt_tokens, 'dist')}; "
+            f"output {call_text(w.output_tokens, 'dist')}")
+
+
+def _kv_text(metas: Sequence[dict]) -> str:
+    """KV capacity per replica: one number, or the range over policies (each
+    policy's own limits size the activation reserve, so capacities differ)."""
+    tokens = sorted({int(m["kv_capacity_tokens"]) for m in metas if "kv_capacity_tokens" in m})
+    block = metas[0].get("block_size", "?") if metas else "?"
+    if not tokens:
+        return "?"
+    span = f"{tokens[0]:,}" if len(tokens) == 1 else f"{tokens[0]:,}–{tokens[-1]:,} (by policy)"
+    return f"{span} tokens per replica (block size {block})"
+
+
+def report_info(scenario: Scenario, metas: Sequence[dict], seeds: int, kind: str) -> ReportInfo:
+    """The report header from the scenario and each policy's run meta."""
+    from batchsim import __version__
+
+    meta = metas[0] if metas else {}
+
+    slo = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in scenario.slo.limits().items())
+    seed_text = str(scenario.seed) if seeds == 1 else f"{scenario.seed}…{scenario.seed + seeds - 1}"
+    details = [
+        ("cluster", f"TP={scenario.tensor_parallel_size}, {scenario.dtype}, {scenario.replicas} "
+                    f"replica(s), router {scenario.router}"),
+        ("KV capacity", _kv_text(metas)),
+        ("workload", describe_workload(scenario)),
+        ("SLO", slo or "none (goodput = throughput)"),
+        ("seed values", seed_text),
+    ]
+    return ReportInfo(title=f"batchsim {kind}: {scenario.name}", scenario=scenario.name,
+                      model=str(meta.get("model", scenario.model)),
+                      hardware=str(meta.get("hardware", scenario.hardware)),
+                      calibrated=bool(meta.get("calibrated", False)),
+                      version=str(meta.get("batchsim_version", __version__)), seeds=seeds,
+                      details=tuple(details))
+
+
+def write_comparison(comp: Comparison, out_dir: str | Path) -> dict[str, Path]:
+    """Write summary.csv, the PNGs and report.html for a comparison."""
+    from batchsim.reports.report import write_compare_report
+
+    return write_compare_report(out_dir, comp.runs, comp.info, comp.policy_knobs)

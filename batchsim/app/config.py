@@ -1,0 +1,240 @@
+"""Scenario files: one YAML document, validated on load.
+
+Field names follow what users already know: HuggingFace names for models,
+vLLM engine-argument names for limits. The ``policy`` section is validated by
+the chosen policy's own config model, the ``workload`` section by
+:class:`batchsim.workloads.config.WorkloadConfig`. Every error names the file, the
+field and the bad value (an :class:`batchsim.sim.errors.InputError`).
+"""
+
+from __future__ import annotations
+
+import reprlib
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from batchsim.sim.errors import InputError
+from batchsim.workloads.config import WorkloadConfig
+
+__all__ = ["Scenario", "SLOConfig", "MeasureConfig", "load_scenario", "scenario_from_dict",
+           "apply_overrides", "format_validation_error", "short_repr"]
+
+
+class SLOConfig(BaseModel):
+    """Per-request service-level objectives (a request meets them or not)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ttft_ms: float | None = Field(None, gt=0, description="time to first token limit")
+    tpot_ms: float | None = Field(None, gt=0, description="time per output token limit")
+    itl_ms: float | None = Field(None, gt=0, description="limit on a request's largest inter-token gap")
+    e2el_ms: float | None = Field(None, gt=0, description="end-to-end latency limit")
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class MeasureConfig(BaseModel):
+    """Which requests the latency percentiles and throughputs count."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    warmup_s: float = Field(0.0, ge=0, description="ignore requests arriving before this time")
+    cooldown_s: float = Field(0.0, ge=0, description="ignore requests arriving this long before the last arrival")
+    step_records: bool = Field(True, description="write steps.csv (one row per step)")
+    records: Literal["full", "aggregate"] = Field(
+        "full", description="'full': keep every step and inter-token gap; 'aggregate': running totals "
+                            "and an ITL histogram (0.1% bins), memory bounded for million-request runs, "
+                            "no steps.csv (see batchsim/sim/aggregate.py)")
+
+
+class Scenario(BaseModel):
+    """A whole simulation: model, hardware, cluster, policy, workload."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field("scenario", description="a label for reports")
+    model: str = Field("llama-3-8b", description="catalog name or path to a HF config.json")
+    hardware: str = Field("h100-sxm", description="hardware profile name or path to a profile YAML")
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    dtype: Literal["bf16", "fp16", "fp8", "int4"] = Field("bf16", description="weight dtype")
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = Field("auto", description="KV dtype (auto = dtype, bf16 for int4)")
+    replicas: int = Field(1, ge=1, le=4096)
+    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv")
+    policy: dict[str, Any] = Field(default_factory=lambda: {"name": "continuous"})
+    policy_knobs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="knobs per policy name, used when compare/sweep/plan run a policy other than "
+                    "`policy` (e.g. {static: {max_batch_size: 16}})")
+    workload: WorkloadConfig
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    seed: int = Field(0, ge=0)
+    horizon_s: float | None = Field(None, gt=0, description="stop the simulation at this time")
+    max_queue_len: int | None = Field(None, ge=1, description="reject arrivals beyond this many waiting per replica")
+    measure: MeasureConfig = Field(default_factory=MeasureConfig)
+    engine: Literal["auto", "python", "core"] = Field(
+        "auto", description="auto: the compiled core (batchsim/core/_core.c) when it covers the scenario and a C "
+                            "compiler is at hand, else the Python engine; python; core (an error if it "
+                            "cannot). Both give the same records byte for byte")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_name(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"name": v}
+        if isinstance(v, dict) and "name" not in v:
+            raise ValueError("the policy needs a 'name' (static, dynamic, continuous, chunked_prefill)")
+        return v
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 2
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to a line. NOTE: a YAML alias bomb (a few hundred bytes
+    that expand to 10^8 items) made a plain repr take minutes and gigabytes."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def format_validation_error(err: ValidationError, source: str,
+                            model: type[BaseModel] | None = None) -> str:
+    """One line per problem: ``source: field.path: message (got value)``.
+
+    With ``model`` (the class validated), the path is the one the user wrote
+    (pydantic's union tags such as ``poisson`` in ``arrival.poisson.rate`` are
+    dropped) and an unknown field lists the fields allowed there.
+    """
+    lines = []
+    for e in err.errors():
+        path, parents, models = _user_path(model, e["loc"])
+        got = e.get("input")
+        shown = "" if e["type"] == "missing" or isinstance(got, dict) else f" (got {short_repr(got)})"
+        msg = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        names = sorted({f for m in parents for f in m.model_fields})
+        if e["type"] == "extra_forbidden" and names:
+            msg = f"unknown field; expected one of {', '.join(names)}"
+        elif e["type"] == "union_tag_not_found":
+            key = str(e.get("ctx", {}).get("discriminator", "")).strip("'\"")
+            tags = [t for m in models for t in _literals(m, key)]
+            if tags:
+                msg, shown = f"missing '{key}'; expected one of {', '.join(tags)}", ""
+        lines.append(f"{source}: {path}: {msg}{shown}" if path else f"{source}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (Optional, Union and Annotated unwrapped)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if get_origin(annotation) is Annotated:
+        return _models(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return [m for a in get_args(annotation) for m in _models(a)]
+    return []
+
+
+def _literals(model: type[BaseModel], key: str) -> list[str]:
+    field = model.model_fields.get(key)
+    return [str(a) for a in get_args(field.annotation)] if field is not None and \
+        get_origin(field.annotation) is Literal else []
+
+
+def _user_path(model: type[BaseModel] | None, loc: tuple) -> tuple[str, list, list]:
+    """(the dotted path as written in the file, the models its last key belongs to,
+    the models its value can be)."""
+    parts: list[str] = []
+    cands = [model] if model is not None else []
+    parents = cands
+    for p in loc:
+        key = str(p)
+        if key.startswith("function-"):
+            continue
+        if len(cands) > 1:  # a tagged union: pydantic puts the tag in the path
+            tagged = [m for m in cands if any(key in _literals(m, f) for f in m.model_fields)]
+            if len(tagged) == 1:
+                cands = parents = tagged
+                continue
+        parents = cands
+        fields = [m.model_fields[key] for m in cands if key in m.model_fields]
+        cands = _models(fields[0].annotation) if len(fields) == 1 else []
+        parts.append(key)
+    return ".".join(parts), parents, cands
+
+
+def _set_dotted(d: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    for depth, k in enumerate(keys[:-1]):
+        nxt = d.get(k)
+        if isinstance(nxt, str) and k == "policy":
+            nxt = {"name": nxt}
+        if nxt is None and depth == 0 and k == "policy":  # --set policy.knob=v keeps the default policy
+            nxt = Scenario.model_fields["policy"].get_default(call_default_factory=True)
+        if not isinstance(nxt, dict):
+            nxt = {}
+        d[k] = nxt
+        d = nxt
+    d[keys[-1]] = value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML)."""
+    for item in overrides:
+        if "=" not in item:
+            raise InputError(f"expected dotted.key=value, got {item!r}", "--set")
+        key, raw = item.split("=", 1)
+        if not key.strip():
+            raise InputError(f"empty key in {item!r}", "--set")
+        if any(not k.strip() for k in key.split(".")):
+            raise InputError(f"empty field name in {key.strip()!r}; expected dotted.key=value "
+                             "such as workload.arrival.rate=8", "--set")
+        try:
+            value = yaml.safe_load(raw)
+        except (yaml.YAMLError, RecursionError):  # not YAML: keep the text, validation says what is wrong
+            value = raw
+        _set_dotted(data, key.strip(), value)
+    return data
+
+
+def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
+    """Validate a scenario mapping; errors name ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", source)
+    if "fast_forward" in data:
+        raise InputError("fast_forward: this field was removed (the Python engine runs step by step; "
+                         "engine: auto picks the compiled core, the fast one); delete it", source)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise InputError(format_validation_error(e, source, Scenario)) from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario YAML file (safe loading only)."""
+    p = Path(path)
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except (OSError, ValueError):  # a name the OS refuses: a NUL byte, too long
+        is_dir = is_file = False
+    if is_dir:
+        raise InputError("is a folder; expected a scenario YAML file", str(p))
+    if not is_file:
+        raise InputError(f"no such scenario file: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise InputError(f"not valid YAML: {getattr(e, 'problem', e)}", where) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", str(p)) from None
+    except RecursionError:
+        raise InputError("nested too deeply; expected a mapping of scenario fields", str(p)) from None
+    if not isinstance(data, dict):
+        raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", str(p))
+    data = apply_overrides(data, list(overrides or []))
+    return scenario_from_dict(data, str(p))

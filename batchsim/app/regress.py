@@ -1,0 +1,291 @@
+"""The CI regression gate behind ``batchsim regress``: baselines and re-runs.
+
+A *baseline* is a human-readable JSON file with one entry per pinned
+scenario, keyed by the scenario file's path relative to the baseline file
+(so the gate works from any working directory). An entry records the
+scenario's input hash, the batchsim version that recorded it and every
+numeric summary value. :func:`regress` re-simulates each scenario (runs are
+deterministic, so unchanged code reproduces the baseline exactly) and diffs
+the chosen metrics with :func:`batchsim.reports.regression.compare`.
+
+Mismatches are explained, never compared silently:
+
+- the scenario's inputs changed (hash differs): a failure, listing which
+  input changed, old and new hash; the metrics are still diffed for
+  information. ``--update`` accepts the new inputs.
+- the baseline was recorded by another batchsim version: a note; the values
+  are compared anyway.
+- no entry for a scenario: a failure until ``--update`` records it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from batchsim.reports.regression import DEFAULT_METRICS, RegressionReport, ScenarioDiff, compare
+from batchsim import __version__
+from batchsim.app.config import Scenario, load_scenario
+from batchsim.sim.errors import InputError
+from batchsim.sim.io import atomic_write_text
+
+__all__ = ["BASELINE_FORMAT", "Runner", "scenario_key", "scenario_inputs", "combine_hash",
+           "load_baseline", "write_baseline", "parse_metrics", "regress"]
+
+BASELINE_FORMAT = "batchsim-regress-baseline/1"
+
+Runner = Callable[[Scenario, Path], dict]
+"""Runs one scenario and returns its summary dict (injectable for tests)."""
+
+_NOTE = ("Recorded by `batchsim regress --update`. Keys are scenario paths relative to this file; "
+         "re-record instead of editing by hand.")
+
+
+def _default_runner(scenario: Scenario, base_dir: Path) -> dict:
+    from batchsim.app.runner import run_scenario
+
+    return run_scenario(scenario, base_dir).summary
+
+
+# -------------------------------------------------------------------- hashing
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()
+
+
+def scenario_key(path: Path, baseline: Path) -> str:
+    """The baseline key of a scenario file: its path relative to the baseline's folder."""
+    try:
+        rel = os.path.relpath(path.resolve(), baseline.resolve().parent)
+    except ValueError:  # another drive on Windows
+        rel = str(path.resolve())
+    return Path(rel).as_posix()
+
+
+def _policy_dump(spec: dict) -> dict:
+    """The policy section normalized by the policy's own Config (defaults dropped)."""
+    from batchsim.policies.registry import policy_class
+
+    cls = policy_class(spec["name"])
+    return cls.Config.model_validate(dict(spec)).model_dump(mode="json", exclude_defaults=True)
+
+
+def _referenced(dump: dict, base_dir: Path) -> list[tuple[str, Path]]:
+    """Files the scenario reads: ``model``/``hardware`` given as paths and every workload ``*.path``."""
+    found: list[tuple[str, Path]] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                here = f"{where}.{k}" if where else str(k)
+                if k == "path" and isinstance(v, str):
+                    found.append((here, base_dir / Path(v).expanduser()))
+                else:
+                    walk(v, here)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]")
+
+    walk(dump.get("workload", {}), "workload")
+    for field in ("model", "hardware"):
+        # NOTE: mirrors calibrate's lookup: a path here is relative to the working
+        # directory (not the scenario), and a model folder means its config.json.
+        v = dump.get(field)
+        p = Path(v).expanduser() if isinstance(v, str) else None
+        if p is not None and p.is_dir():
+            p = p / "config.json"
+        if p is not None and p.is_file():
+            found.append((field, p))
+    return found
+
+
+def scenario_inputs(scenario: Scenario, base_dir: Path) -> dict[str, str]:
+    """Hashes of everything that decides a run's inputs, by label.
+
+    ``scenario`` hashes the validated scenario as canonical JSON; each file it
+    references adds ``file:<field>`` with a hash of the file's bytes.
+    NOTE: the dump leaves out fields at their default value (and the policy
+    section is normalized by the policy's Config the same way), so a file
+    that spells a default out hashes like one that omits it, and a batchsim
+    release that adds a field does not invalidate every baseline. The price:
+    a release that *changes* a default keeps the hash, and shows up as moved
+    metrics instead — which the gate reports anyway.
+    NOTE: policy *code* is deliberately not hashed: a changed scheduler with
+    the same scenario is exactly what the gate must compare.
+    """
+    dump = scenario.model_dump(mode="json", exclude_defaults=True)
+    dump["policy"] = _policy_dump(scenario.policy)
+    inputs = {"scenario": _sha(_canonical(dump))}
+    for label, path in _referenced(scenario.model_dump(mode="json"), base_dir):
+        inputs[f"file:{label}"] = _sha(path.read_bytes()) if path.is_file() else "missing"
+    return inputs
+
+
+def combine_hash(inputs: dict[str, str]) -> str:
+    """One hash over all input hashes (what the baseline compares first)."""
+    return _sha(_canonical(inputs))
+
+
+# ------------------------------------------------------------------- baseline
+
+
+def load_baseline(path: Path) -> dict[str, dict]:
+    """Read a baseline file's entries; every problem is an InputError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("baseline file not found; record one with --update "
+                         "(batchsim regress SCENARIO... --baseline FILE --update)", str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"not a JSON baseline ({e})", str(path)) from None
+    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise InputError(f"unknown baseline format {got!r}; expected {BASELINE_FORMAT!r}", str(path))
+    entries = data.get("scenarios")
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) and isinstance(e.get("metrics"), dict)
+                                                for e in entries.values()):
+        raise InputError("'scenarios' must map scenario keys to entries with 'metrics'", str(path))
+    return entries
+
+
+def write_baseline(path: Path, entries: dict[str, dict]) -> None:
+    """Write the baseline atomically, scenarios sorted by key (stable diffs in review)."""
+    doc = {"format": BASELINE_FORMAT, "note": _NOTE,
+           "scenarios": {k: entries[k] for k in sorted(entries)}}
+    atomic_write_text(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def _entry(scenario: Scenario, inputs: dict[str, str], summary: dict) -> dict:
+    metrics = {k: v for k, v in summary.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {"name": scenario.name, "policy": summary.get("policy", ""),
+            "batchsim_version": __version__, "scenario_hash": combine_hash(inputs),
+            "inputs": inputs, "metrics": metrics}
+
+
+# --------------------------------------------------------------------- gate
+
+
+def parse_metrics(values: Iterable[str] | None) -> tuple[str, ...]:
+    """``--metrics`` values (repeatable, comma-separated) -> unique keys; default set if empty."""
+    keys: list[str] = []
+    for v in values or ():
+        for k in v.split(","):
+            k = k.strip()
+            if k and k not in keys:
+                keys.append(k)
+    return tuple(keys) or DEFAULT_METRICS
+
+
+def _check_metrics(metrics: tuple[str, ...], summary: dict, base: dict | None, source: str) -> None:
+    known = set(summary) | set(base or ())
+    unknown = [m for m in metrics if m not in known]
+    if unknown:
+        numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        raise InputError(f"unknown metric {', '.join(map(repr, unknown))}; expected summary keys such as "
+                         f"{', '.join(numeric)}", source)
+
+
+def _explain(old: dict, inputs: dict[str, str], new_hash: str) -> str:
+    old_inputs = old.get("inputs") or {}
+    moved = sorted(k for k in set(old_inputs) | set(inputs) if old_inputs.get(k) != inputs.get(k))
+    what = f" (changed: {', '.join(moved)})" if moved and old_inputs else ""
+    return (f"scenario inputs changed since the baseline was recorded{what}: hash "
+            f"{old.get('scenario_hash', '?')} -> {new_hash}; metrics below are shown for "
+            "information but the scenario fails until the baseline is re-recorded with --update")
+
+
+@dataclass
+class _Run:
+    key: str
+    scenario: Scenario
+    inputs: dict[str, str]
+    summary: dict
+    seconds: float
+
+
+def _run_one(path: Path, baseline: Path, runner: Runner) -> _Run:
+    scenario = load_scenario(path)
+    base_dir = path.resolve().parent
+    inputs = scenario_inputs(scenario, base_dir)
+    t0 = time.perf_counter()
+    summary = runner(scenario, base_dir)
+    return _Run(scenario_key(path, baseline), scenario, inputs, summary, time.perf_counter() - t0)
+
+
+def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
+          update: bool) -> ScenarioDiff:
+    new_hash = combine_hash(run.inputs)
+    problems: list[str] = []
+    notes: list[str] = []
+    if old is None:
+        problems.append("no baseline entry for this scenario; record it with --update")
+    else:
+        if old.get("scenario_hash") != new_hash:
+            problems.append(_explain(old, run.inputs, new_hash))
+        version = old.get("batchsim_version")
+        if version != __version__:
+            notes.append(f"baseline recorded with batchsim {version}, this is {__version__}: "
+                         "compared anyway; a difference may come from the version change")
+    diffs = compare(old["metrics"] if old else None, run.summary, metrics, rtol)
+    if update:
+        if old is None:
+            problems, notes = [], ["recorded a new baseline entry"]
+            diffs = tuple(replace(d, status="new") for d in diffs)
+        notes.extend(f"accepted by --update: {p}" for p in problems)
+        problems = []
+    return ScenarioDiff(run.key, run.scenario.name, diffs, tuple(problems), tuple(notes),
+                        new_hash, (old or {}).get("scenario_hash", ""), run.seconds)
+
+
+def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bool = False,
+            rtol: float = 0.02, metrics: Iterable[str] | None = None,
+            runner: Runner | None = None) -> RegressionReport:
+    """Re-run each scenario, diff it against ``baseline``; with ``update``, rewrite the baseline.
+
+    Raises :class:`InputError` (exit 2) for bad input: a missing or
+    malformed baseline without ``update``, an unreadable scenario, an
+    unknown metric, a negative ``rtol``. Regressions are in the report.
+    """
+    if not (rtol >= 0):
+        raise InputError(f"must be >= 0, got {rtol}", "--rtol")
+    keys = parse_metrics(metrics)
+    bpath = Path(baseline)
+    by_key: dict[str, Path] = {}
+    for p in scenarios:  # the same file named twice (overlapping globs) runs once
+        by_key.setdefault(scenario_key(Path(p), bpath), Path(p))
+    paths = list(by_key.values())
+    if not paths:
+        raise InputError("no scenario files given", "SCENARIO")
+    if update and not bpath.exists():
+        entries: dict[str, dict] = {}
+    else:
+        entries = load_baseline(bpath)
+    run = runner or _default_runner
+    results: list[ScenarioDiff] = []
+    fresh: dict[str, dict] = {}
+    for path in paths:
+        r = _run_one(path, bpath, run)
+        old = entries.get(r.key)
+        _check_metrics(keys, r.summary, old and old["metrics"], str(path))
+        results.append(_diff(r, old, keys, rtol, update))
+        fresh[r.key] = _entry(r.scenario, r.inputs, r.summary)
+    notes: list[str] = []
+    if update:
+        write_baseline(bpath, {**entries, **fresh})
+        notes.append(f"baseline {bpath} updated: {len(fresh)} scenario(s) recorded")
+    unchecked = sorted(set(entries) - set(fresh))
+    if unchecked and not update:
+        notes.append(f"baseline entries not checked in this run: {', '.join(unchecked)}")
+    return RegressionReport(tuple(results), rtol, str(bpath), update, tuple(notes))

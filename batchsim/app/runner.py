@@ -1,0 +1,278 @@
+"""The composition root: scenario -> parts -> run -> records -> summary.
+
+Only this module (and the CLI above it) wires packages together: it builds
+the workload, the cost model, the KV caches, the policies and the router,
+runs SimPy, and turns what happened into records and a summary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from batchsim import policies
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.hardware import load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim import __version__, core
+from batchsim.app.config import Scenario
+from batchsim.sim.engine import Cluster, Replica
+from batchsim.sim.io import write_csv, write_json
+from batchsim.sim.errors import InputError
+from batchsim.sim.kv import PagedKVCache
+from batchsim.sim.prefix import PrefixKVCache
+from batchsim.sim.metrics import RunTotals, in_window, summarize
+from batchsim.sim.protocols import CostModel
+from batchsim.sim.aggregate import ItlAggregate, StepTotals
+from batchsim.sim.records import STEP_FIELDS, ItlLog, StepLog, request_frame
+from batchsim.sim.router import make_router
+from batchsim.sim.state import UNFINISHED
+from batchsim.sim.types import Workload
+from batchsim.workloads import build_workload
+
+__all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "simulate", "write_outputs"]
+
+
+@dataclass
+class Parts:
+    """What a scenario builds before the run (reusable across policies)."""
+
+    workload: Workload
+    cost: CostModel
+    kv_tokens: Any  # callable gpu_memory_utilization -> tokens per replica
+    max_model_len: int
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced: the summary and the flat records."""
+
+    scenario: Scenario
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: pd.DataFrame
+    meta: dict
+    engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
+
+
+def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    wl, router = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(wl), np.random.default_rng(router)
+
+
+def build_parts(scenario: Scenario, base_dir: Path | None = None,
+                workload: Workload | None = None) -> Parts:
+    """Load the model, hardware and cost model, and generate the workload."""
+    model = load_model(scenario.model)
+    hw = load_hardware(scenario.hardware)
+    kv_dtype = scenario.kv_cache_dtype
+    if kv_dtype == "auto":  # vLLM's auto: KV in the activation dtype, bf16 for quantized weights
+        kv_dtype = "fp16" if scenario.dtype == "fp16" else "bf16"
+    cost = RooflineCostModel(model, hw, tp=scenario.tensor_parallel_size, dtype=scenario.dtype,
+                             kv_dtype=kv_dtype)
+    if workload is None:
+        workload = build_workload(scenario.workload, _seeds(scenario.seed)[0], base_dir)
+    meta = {
+        "batchsim_version": __version__,
+        "scenario": scenario.name,
+        "model": getattr(model, "name", scenario.model),
+        "hardware": getattr(hw, "name", scenario.hardware),
+        "calibrated": bool(getattr(hw, "calibrated", False)),
+        "tensor_parallel_size": scenario.tensor_parallel_size,
+        "dtype": scenario.dtype,
+        "replicas": scenario.replicas,
+        "seed": scenario.seed,
+    }
+    return Parts(workload=workload, cost=cost, kv_tokens=cost.kv_capacity_tokens,
+                 max_model_len=int(model.max_position_embeddings), meta=meta)
+
+
+def kv_limits(cfg) -> dict[str, int]:
+    """The policy limits that size a replica's activation reserve (and so its KV)."""
+    limits = {k: getattr(cfg, k) for k in ("max_num_batched_tokens", "max_num_seqs") if hasattr(cfg, k)}
+    if "max_num_seqs" not in limits and hasattr(cfg, "max_batch_size"):
+        limits["max_num_seqs"] = cfg.max_batch_size
+    return limits
+
+
+def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
+    blocks = parts.kv_tokens(cfg.gpu_memory_utilization, **kv_limits(cfg)) // cfg.block_size
+    if not getattr(cfg, "enable_prefix_caching", False):
+        return PagedKVCache(blocks, cfg.block_size)
+    wl = parts.workload
+    if wl.prefix_hashes is None or not wl.prefix_block_tokens:
+        raise InputError("enable_prefix_caching needs prefix hashes in the workload (a Mooncake "
+                         "trace's hash_ids, or workload.shared_prefix: {groups, tokens})", "policy.enable_prefix_caching")
+    return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
+
+
+def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type, others=()) -> str | None:
+    """None when the compiled core runs this scenario, else why the SimPy engine runs it.
+
+    The core runs only what it can show it runs with the same rules
+    (batchsim.core.unsupported, batchsim.core.rules); ``engine: core`` makes any reason an
+    error instead.
+    """
+    if scenario.engine == "python":
+        return "engine: python was asked for"
+    why = core.unsupported(policy, parts.cost, scenario.router, replica, kv_type, parts.workload,
+                           scenario.max_queue_len, others)
+    if why is None and core.library() is None:
+        why = f"the compiled core could not be built ({core.library_error()})"
+    if why is None:
+        why = core.rules_mismatch()
+    if why is not None and scenario.engine == "core":
+        raise InputError(f"core cannot run this scenario: {why}", "engine")
+    return why
+
+
+def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica) -> RunResult:
+    """Run one scenario's policy over prebuilt parts.
+
+    ``replica`` builds each replica from ``(env, index, policy, cost, kv,
+    max_model_len, steps, itl)``; the reference executor passes a
+    :class:`~batchsim.sim.engine.Replica` subclass that times real steps.
+    """
+    aggregate = scenario.measure.records == "aggregate"
+    if aggregate:
+        steps, itl = StepTotals(scenario.replicas), ItlAggregate(scenario.replicas, _measured(parts.workload, scenario))
+    else:
+        steps, itl = StepLog(), ItlLog()
+    pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
+    caches = [_kv_cache(parts, p.config) for p in pols]
+    max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
+    why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]), pols[1:])
+    use_core = why is None
+    if use_core:
+        ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
+                            caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
+                            scenario.max_queue_len, steps,
+                            [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)],
+                            router_rng=_seeds(scenario.seed)[1])
+        requests, now = ran.requests, ran.now
+        for c, peak in zip(caches, ran.kv_peak):
+            c.peak_used = peak
+        unfinished = int((requests["status"] == UNFINISHED).sum())
+        if unfinished != ran.held:
+            raise RuntimeError(f"conservation broken: {unfinished} unfinished request(s) but {ran.held} "
+                               "queued or running")
+        engine = {"steps": ran.steps, "engine": "core", "held": ran.held}
+    else:
+        env = simpy.Environment()
+        replicas = [replica(env, i, pol, parts.cost, kv, max_len, steps, itl.sink(i) if aggregate else itl)
+                    for i, (pol, kv) in enumerate(zip(pols, caches))]
+        route = make_router(scenario.router, _seeds(scenario.seed)[1])
+        cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
+        env.run(until=scenario.horizon_s)
+        _check_unfinished_are_held(cluster)
+        requests, now = request_frame(cluster.requests), env.now
+        engine = {"steps": len(steps), "engine": "python"}
+    _check_conservation(requests, parts.workload, scenario.horizon_s)
+    if aggregate:
+        step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
+        itl_df = pd.DataFrame({"rid": np.empty(0, dtype=np.int64), "gap": np.empty(0)})
+    else:
+        step_df, itl_df = steps.frame(), itl.frame()
+    if scenario.replicas > 1 and not aggregate:
+        # NOTE: replicas append records as their steps finish, so steps of
+        # different replicas that end at the same time come in event order
+        # (whichever SimPy resumed first) and gaps of different requests are
+        # interleaved: put records in one canonical order (steps by end time
+        # then replica; gaps by request, each request's in time order) so
+        # outputs do not depend on event order.
+        step_df = step_df.iloc[np.lexsort((step_df["replica"].to_numpy(), step_df["end"].to_numpy()))]
+        step_df = step_df.reset_index(drop=True)
+        itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
+    unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
+    last_end = (steps.totals()["max_end"] if aggregate else
+                float(step_df["end"].max()) if len(step_df) else 0.0)
+    last = max([last_end if last_end > -math.inf else 0.0,
+                float(parts.workload.arrival[-1]) if len(parts.workload) else 0.0])
+    sim_end = now if unfinished else last
+    kv0 = caches[0]
+    totals = RunTotals(
+        replicas=scenario.replicas, sim_end=sim_end, peak_flops=parts.cost.peak_flops,
+        peak_bandwidth=parts.cost.peak_bandwidth, kv_total_blocks=kv0.total_blocks,
+        kv_peak_blocks=max(c.peak_used for c in caches),
+        warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
+    )
+    summary = summarize(requests, steps if aggregate else step_df, itl if aggregate else itl_df, totals, policy=pols[0].name,
+                        slo=scenario.slo.limits())
+    if kv0.prefix_caching:
+        hits, looks = sum(c.hits for c in caches), sum(c.lookups for c in caches)
+        summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
+    if scenario.replicas > 1:
+        summary.update(_per_replica(requests, scenario.replicas))
+    summary["engine"] = "core" if use_core else "python"
+    summary["engine_reason"] = why
+    meta = dict(parts.meta, policy=pols[0].name, kv_blocks=kv0.total_blocks,
+                block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
+    if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
+        raise RuntimeError("non-finite duration")
+    return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
+
+
+def _arrived(workload: Workload, horizon: float | None) -> int:
+    """How many requests arrive before the horizon (SimPy never runs events at it)."""
+    return len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
+
+
+def _measured(workload: Workload, scenario: Scenario) -> np.ndarray:
+    """Per rid: does the request arrive, within the measured window (batchsim.sim.metrics.in_window)?"""
+    n = _arrived(workload, scenario.horizon_s)
+    mask = np.zeros(len(workload), dtype=bool)
+    mask[:n] = in_window(workload.arrival[:n], scenario.measure.warmup_s, scenario.measure.cooldown_s)
+    return mask
+
+
+def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:
+    """Every request that arrived is completed, rejected or unfinished: never lost."""
+    arrived = _arrived(workload, horizon)
+    counts = requests["status"].value_counts()
+    accounted = sum(int(counts.get(k, 0)) for k in ("completed", "rejected", "unfinished"))
+    if len(requests) != arrived or accounted != arrived:
+        raise RuntimeError(f"conservation broken: {arrived} arrived, {len(requests)} recorded, "
+                           f"{accounted} completed + rejected + unfinished")
+
+
+def _check_unfinished_are_held(cluster: Cluster) -> None:
+    """An unfinished request must still be queued or running on some replica."""
+    held = set()
+    for r in cluster.replicas:
+        held.update(r.seqs)
+    lost = [s.rid for s in cluster.requests if s.status == UNFINISHED and s.rid not in held]
+    if lost:
+        raise RuntimeError(f"conservation broken: {len(lost)} unfinished request(s) held by no "
+                           f"replica (rids {lost[:5]})")
+
+
+def _per_replica(requests: pd.DataFrame, n: int) -> dict:
+    """Requests completed per replica and the imbalance max/mean (1.0 = even)."""
+    done = requests[requests["status"] == "completed"]
+    counts = np.bincount(done["replica"].to_numpy(dtype=np.int64), minlength=n)[:n]
+    mean = counts.mean() if n else 0.0
+    return {"per_replica_completed": [int(c) for c in counts],
+            "load_imbalance": float(counts.max() / mean) if mean else 1.0}
+
+
+def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
+    """Build the parts and run: the library call behind ``batchsim run``."""
+    return simulate(scenario, build_parts(scenario, base_dir))
+
+
+def write_outputs(result: RunResult, out_dir: str | Path) -> Path:
+    """Write summary.json, requests.csv and steps.csv (atomically)."""
+    out = Path(out_dir)
+    write_json(out / "summary.json", result.summary)
+    write_csv(out / "requests.csv", result.requests)
+    if result.scenario.measure.step_records and result.scenario.measure.records == "full":
+        write_csv(out / "steps.csv", result.steps)
+    return out

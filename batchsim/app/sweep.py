@@ -1,0 +1,158 @@
+"""``batchsim sweep``: latency and throughput against offered load, per policy.
+
+Each swept rate replaces ``workload.arrival.rate`` (a trace that carries its
+own arrival times cannot be swept and is an error). Every (policy, rate,
+seed) point is an independent :class:`SweepTask` run through
+:func:`batchsim.app.workers.run_tasks`; the workload of a (rate, seed) pair is the
+same for every policy. Finished points are written to ``sweep_runs.csv`` as
+they arrive, so a killed sweep keeps them; ``sweep.csv`` (one row per policy
+and rate, mean ± 95% CI over seeds) and the report are written at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from batchsim.reports.derive import load_window
+from batchsim.reports.progress import progress
+from batchsim.reports.runs import ReportInfo
+from batchsim.reports.stats import aggregate
+from batchsim.reports.sweep import mark_saturation, saturation_points
+from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, knob_text, parse_policies, policy_config, report_info,
+                         scenario_data, simulate_task, with_policy, with_seed)
+from batchsim.app.config import Scenario, scenario_from_dict
+from batchsim.sim.errors import InputError
+from batchsim.app.workers import run_tasks
+from batchsim.sim.io import write_csv
+
+__all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "with_rate", "sweep", "sweep_task", "write_sweep"]
+
+_FIRST = ("policy", "rate")
+_LOAD = ("offered_output_throughput", "served_output_throughput")
+
+
+def parse_rates(text: str | Sequence[float]) -> tuple[float, ...]:
+    """``"1,2,4"`` (or numbers) -> sorted unique positive rates in req/s."""
+    items = [s for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
+    rates = []
+    for s in items:
+        try:
+            r = float(s)
+        except ValueError:
+            raise InputError(f"not a number: {s!r} (expected e.g. 1,2,4,8)", "--rates") from None
+        if not r > 0 or r == float("inf"):
+            raise InputError(f"rates must be positive and finite, got {s!r}", "--rates")
+        rates.append(r)
+    if not rates:
+        raise InputError("give at least one rate, e.g. --rates 1,2,4,8", "--rates")
+    return tuple(sorted(set(rates)))
+
+
+def with_rate(scenario: Scenario, rate: float) -> Scenario:
+    """The scenario with ``workload.arrival.rate`` set to ``rate`` (req/s)."""
+    w = scenario.workload
+    if w.trace_has_arrivals:
+        raise InputError(f"the trace (format '{w.trace.format}') supplies its own arrival times, so there "
+                         "is no arrival rate to sweep; use a synthetic arrival process, a 'lengths' trace, "
+                         "or a trace's speedup", "workload.trace")
+    arrival = w.arrival.model_dump(mode="json", exclude_unset=True)
+    if "rate" not in type(w.arrival).model_fields:
+        raise InputError(f"arrival process '{arrival.get('process')}' has no single rate to sweep "
+                         "(use poisson, gamma, constant, diurnal or empirical)", "workload.arrival")
+    data = scenario_data(scenario)
+    data.setdefault("workload", {})["arrival"] = {**arrival, "rate": float(rate)}
+    return scenario_from_dict(data, f"--rates {rate:g}")
+
+
+@dataclass(frozen=True)
+class SweepTask:
+    """One (policy, rate, seed) point: plain data, so it pickles."""
+
+    run: RunTask
+    rate: float
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """What a sweep worker sends back: one CSV row and the run's facts."""
+
+    row: dict
+    meta: dict
+
+
+def sweep_task(task: SweepTask) -> SweepPoint:
+    """The sweep worker: summary metrics plus the load-window rates of one point."""
+    result, meta = simulate_task(task.run)
+    summary = {k: v for k, v in result.summary.items() if k != "policy"}
+    row = {"policy": task.run.label, "rate": task.rate, "seed_index": task.run.seed_index,
+           **load_window(result.requests, result.steps), **summary}
+    return SweepPoint(row, meta)
+
+
+@dataclass
+class SweepResult:
+    """A finished sweep: one row per (policy, rate), saturation points, header."""
+
+    frame: pd.DataFrame
+    policies: tuple[str, ...]
+    saturation: dict[str, float | None]
+    info: ReportInfo
+    policy_knobs: list[str]  # one "name(knob=value, ...)" line per policy
+
+
+def _aggregate(rows: list[dict], names: Sequence[str], rates: Sequence[float], seeds: int) -> pd.DataFrame:
+    out = []
+    for p in names:
+        for r in rates:
+            group = [x for x in rows if x["policy"] == p and x["rate"] == r]
+            rest = [{k: v for k, v in x.items() if k not in ("policy", "rate", "seed_index")} for x in group]
+            stats = rest[0] if seeds == 1 else {"seeds": seeds, **aggregate(rest)}
+            out.append({"policy": p, "rate": r, **stats})
+    frame = mark_saturation(pd.DataFrame(out))
+    lead = [c for c in (*_FIRST, "seeds", *_LOAD, "served_ratio", "saturated") if c in frame]
+    return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = DEFAULT_POLICIES,
+          seeds: int = 1, base_dir: str | Path | None = None, executor: str = "local",
+          workers: int | None = None, out_dir: str | Path | None = None,
+          show_progress: bool | None = None,
+          task_fn: Callable[[SweepTask], SweepPoint] = sweep_task) -> SweepResult:
+    """Run every (policy, rate, seed); aggregate over seeds and mark saturation."""
+    if seeds < 1:
+        raise InputError(f"must be at least 1, got {seeds}", "--seeds")
+    rates, names = parse_rates(rates), parse_policies(policies)
+    base = str(base_dir) if base_dir is not None else None
+    tasks, knobs = [], []
+    for p in names:
+        variant = with_policy(scenario, p)
+        knobs.append(policy_config(variant) if task_fn is sweep_task else dict(variant.policy))
+        for r in rates:
+            rated = with_rate(variant, r)
+            tasks += [SweepTask(RunTask(scenario_data(with_seed(rated, i)), base, p, i, False), r)
+                      for i in range(seeds)]
+    rows: list[dict | None] = [None] * len(tasks)
+    metas: dict[str, dict] = {}  # the first finished point's facts, per policy
+    with progress(len(tasks), f"sweep {scenario.name}", show_progress) as advance:
+        for idx, point in run_tasks(task_fn, tasks, executor, workers):
+            rows[idx] = point.row
+            metas.setdefault(point.row["policy"], point.meta)
+            advance(f"{point.row['policy']} @ {point.row['rate']:g} req/s")
+            if out_dir is not None:  # NOTE: rewritten per point so a killed sweep keeps its points
+                write_csv(Path(out_dir) / "sweep_runs.csv", pd.DataFrame([x for x in rows if x is not None]))
+    frame = _aggregate(rows, names, rates, seeds)
+    ordered = [metas.get(p, {}) for p in names]
+    info = report_info(scenario, ordered, seeds, "sweep")
+    return SweepResult(frame, names, saturation_points(frame), info,
+                       [knob_text(k, m) for k, m in zip(knobs, ordered)])
+
+
+def write_sweep(result: SweepResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write sweep.csv, sweep.png and report.html."""
+    from batchsim.reports.report import write_sweep_report
+
+    return write_sweep_report(out_dir, result.frame, result.policies, result.info, result.policy_knobs)

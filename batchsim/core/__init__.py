@@ -1,0 +1,584 @@
+"""The compiled core: batchsim/core/_core.c, built on first use and driven through ctypes.
+
+The SimPy engine (batchsim.sim.engine) runs any policy, router, cost model and KV
+cache, and is the reference. For a policy whose rules are a recipe
+(batchsim/policies/recipe.py: the four built-ins, or any ``RecipePolicy``) without a
+prefix cache, any built-in router and the roofline cost model,
+``batchsim/core/_core.c`` interprets the same recipe with the same step-by-step
+semantics in C, 10-40x faster (docs/performance.md). Its records are
+byte-identical to the SimPy engine's (tests/test_core.py compares whole
+runs); around the run (workload, cost model set-up, the power_of_two
+router's draws, MoE models' dense costs, record sinks, summary) Python does
+the rest.
+
+The core runs a scenario only when it can show it runs the same rules
+(:func:`unsupported`): the policy's ``schedule`` is the shipped recipe
+interpreter, its recipe uses only moves, guards, orders and victim rules the
+core knows, and the loaded rules (batchsim.core.rules: interpreter, engine, KV,
+routers, cost model, monkeypatches included) match the fingerprint the core
+was written for. Which engine runs: ``Scenario.engine`` (``auto``: the core
+when it can, else the SimPy engine, with the reason in the summary;
+``python``; ``core``: fail with the reason when it cannot). The library is
+compiled once per source version with ``$CC`` (default ``cc``) into
+``$BATCHSIM_CACHE`` (default ``~/.cache/batchsim``), with
+``-ffp-contract=off`` so the compiler never fuses a multiply and an add
+(results must round exactly as Python's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from batchsim.sim.protocols import PolicyError
+from batchsim.sim.records import REQUEST_COLUMNS, request_frame
+from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
+
+__all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error"]
+
+_SOURCE = Path(__file__).with_name("_core.c")
+_FLAGS = ["-O2", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-finite-math-only"]
+
+_DONE, _FLUSH, _NEED_DENSE = 0, 1, 2
+_ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
+_MOVES = {"decodes": 0, "partial_prefills": 1, "admit": 2, "admit_chunks": 3}
+_UNLESS = {"rows": 1, "preempted": 2, "stalled": 4}
+_ORDERS = {"fcfs": 0, "shortest_prompt_first": 1}
+_VICTIMS = {"last_admitted": 0}
+_MAX_MOVES, _MAX_PREF = 16, 64
+
+
+class CoreRecipe(ctypes.Structure):
+    """A policy's recipe as the core reads it (``core_recipe_t`` in batchsim/core/_core.c)."""
+
+    _fields_ = [("padded", ctypes.c_int64), ("n_moves", ctypes.c_int64),
+                ("move_kind", ctypes.c_int64 * _MAX_MOVES), ("move_unless", ctypes.c_int64 * _MAX_MOVES),
+                ("order", ctypes.c_int64), ("victim", ctypes.c_int64), ("max_num_seqs", ctypes.c_int64),
+                ("max_num_batched_tokens", ctypes.c_int64), ("n_pref", ctypes.c_int64),
+                ("pref", ctypes.c_int64 * _MAX_PREF), ("max_queue_delay_s", ctypes.c_double),
+                ("batch_end", ctypes.c_int64)]
+_ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
+_STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
+_COMPLETED, _REJECTED = 1, 2
+
+
+def _rep_info(i: int) -> int:
+    """Where replica ``i``'s scalars start in core_info's output: [nsteps, ngaps, KV peak]."""
+    return 5 + 3 * i
+_STEP_CAP = 16384  # step records per replica handed over at a time (fewer with many replicas)
+_GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
+
+_lib: ctypes.CDLL | None = None
+_active: tuple | None = None  # (library, state, arrays) of the run in progress (see progress)
+_lib_error: str | None = None
+_loaded = False
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("BATCHSIM_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "batchsim"
+
+
+def _build() -> Path:
+    """Compile the core (once per source, flags, compiler and platform) and return the library's path."""
+    cc = os.environ.get("CC", "cc")
+    src = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, " ".join(_FLAGS).encode(), cc.encode(),
+                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
+    for d in (_cache_dir(), Path(tempfile.gettempdir()) / f"batchsim-{os.getuid() if hasattr(os, 'getuid') else 0}"):
+        lib = d / f"core-{key}.so"
+        if lib.exists():
+            return lib
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        try:
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+        except OSError:
+            continue
+        os.close(fd)
+        try:
+            try:
+                proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True,
+                                      text=True, timeout=120)
+            except OSError as exc:
+                raise RuntimeError(f"C compiler {cc!r} not runnable: {exc}") from None
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+            os.replace(tmp, lib)  # atomic: concurrent builds of the same source agree
+            return lib
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    raise RuntimeError(f"no writable cache directory for the compiled core (tried {_cache_dir()})")
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled core, building it on first use; None (see :func:`library_error`) when it cannot."""
+    global _lib, _lib_error, _loaded
+    if _loaded:
+        return _lib
+    _loaded = True
+    try:
+        lib = ctypes.CDLL(str(_build()))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        _lib_error = str(exc) or type(exc).__name__
+        return None
+    vp = ctypes.c_void_p
+    lib.core_new.restype = vp
+    lib.core_new.argtypes = [vp] * 14
+    lib.core_rules.restype = ctypes.c_char_p
+    lib.core_rules.argtypes = []
+    lib.core_run.restype = ctypes.c_int
+    lib.core_run.argtypes = [vp]
+    lib.core_put_dense.restype = ctypes.c_int
+    lib.core_put_dense.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp]
+    lib.core_info.restype = None
+    lib.core_info.argtypes = [vp, vp]
+    lib.core_dense.restype = None
+    lib.core_dense.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp]
+    lib.core_held.restype = ctypes.c_int64
+    lib.core_held.argtypes = [vp]
+    lib.core_flushed.restype = None
+    lib.core_flushed.argtypes = [vp]
+    lib.core_free.restype = None
+    lib.core_free.argtypes = [vp]
+    _lib = lib
+    return lib
+
+
+def library_error() -> str | None:
+    """Why :func:`library` returned None (after it was called)."""
+    return _lib_error
+
+
+_BIG = 1 << 40  # integer knobs the core takes
+_TOKENS = 1 << 20  # tokens per request (prompt + output) and rows per step the core takes
+
+
+def recipe_struct(recipe) -> CoreRecipe | str:
+    """The recipe as the core reads it, or why the core cannot interpret it."""
+    from batchsim.policies.recipe import IterationRecipe, PaddedRecipe
+
+    rc = CoreRecipe()
+    if isinstance(recipe, PaddedRecipe):
+        if len(recipe.preferred_batch_sizes) > _MAX_PREF:
+            return f"more than {_MAX_PREF} preferred batch sizes"
+        rc.padded, rc.max_num_seqs, rc.n_pref = 1, recipe.max_batch_size, len(recipe.preferred_batch_sizes)
+        for i, b in enumerate(recipe.preferred_batch_sizes):
+            rc.pref[i] = b
+        rc.max_queue_delay_s = float(recipe.max_queue_delay_s)
+        rc.batch_end = int(recipe.complete_at == "batch_end")
+        return rc
+    if not isinstance(recipe, IterationRecipe):
+        return f"a recipe of type {type(recipe).__name__} (the core reads IterationRecipe and PaddedRecipe)"
+    if len(recipe.moves) > _MAX_MOVES:
+        return f"a recipe of {len(recipe.moves)} moves (the core takes {_MAX_MOVES})"
+    for i, move in enumerate(recipe.moves):
+        unknown = [g for g in move.unless if g not in _UNLESS]
+        if move.kind not in _MOVES or unknown:
+            return f"recipe move {move!r} (the core knows {', '.join(_MOVES)} unless {', '.join(_UNLESS)})"
+        rc.move_kind[i] = _MOVES[move.kind]
+        rc.move_unless[i] = sum({_UNLESS[g] for g in move.unless})
+    if recipe.order not in _ORDERS:
+        return f"queue order {recipe.order!r} (the core runs {', '.join(_ORDERS)})"
+    if recipe.victim not in _VICTIMS:
+        return f"victim rule {recipe.victim!r} (the core runs {', '.join(_VICTIMS)})"
+    rc.n_moves, rc.order, rc.victim = len(recipe.moves), _ORDERS[recipe.order], _VICTIMS[recipe.victim]
+    rc.max_num_seqs, rc.max_num_batched_tokens = recipe.max_num_seqs, recipe.max_num_batched_tokens
+    return rc
+
+
+def rules_differ() -> list[str]:
+    """The rules (batchsim.core.rules names) whose loaded code differs from what the core implements
+    (empty when they agree; call after :func:`library` returned a library)."""
+    from batchsim.core import rules
+
+    lib = library()
+    if lib is None:  # pragma: no cover - callers check first
+        return []
+    return rules.differences(rules.parse_table(lib.core_rules().decode()))
+
+
+def _recipe_of(policy) -> tuple[object | None, str | None]:
+    """The policy's recipe when its ``schedule`` is the shipped interpreter, else why not."""
+    from batchsim.policies.rules import RecipePolicy
+
+    name = getattr(policy, "name", type(policy).__name__)
+    if not isinstance(policy, RecipePolicy):
+        return None, f"policy {name!r} is not a recipe policy (its own schedule runs on the SimPy engine)"
+    if type(policy).schedule is not RecipePolicy.schedule or "schedule" in vars(policy):
+        return None, f"policy {name!r} overrides schedule (its own rules run on the SimPy engine)"
+    if any("recipe" in vars(c) for c in type(policy).__mro__) or "recipe" not in vars(policy):
+        return None, f"policy {name!r} computes its recipe as it runs (the core reads it once)"
+    return policy.recipe, None
+
+
+def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=None,
+                max_queue_len: int | None = None, others=()) -> str | None:
+    """Why the compiled core cannot run this scenario, or None when it can (with the same rules).
+    ``others``: the other replicas' policies (the core runs one recipe on every replica)."""
+    from batchsim.calibrate.costmodel import RooflineCostModel
+    from batchsim.sim.engine import Replica
+    from batchsim.sim.kv import PagedKVCache
+
+    if replica_factory is not Replica:
+        return "a custom replica (the reference executor times real steps)"
+    recipe, why = _recipe_of(policy)
+    if why is not None:
+        return why
+    if any(type(p) is not type(policy) or _recipe_of(p) != (recipe, None) for p in others):
+        return "replicas whose policies or recipes differ (the core runs one recipe on every replica)"
+    rc = recipe_struct(recipe)
+    if isinstance(rc, str):
+        return rc
+    cfg = policy.config
+    if getattr(cfg, "enable_prefix_caching", False) or kv_type is not PagedKVCache:
+        return "a prefix cache"
+    knobs = {k: getattr(recipe, k, None) for k in ("max_num_seqs", "max_num_batched_tokens", "max_batch_size")}
+    knobs.update(block_size=getattr(cfg, "block_size", None), max_model_len=getattr(cfg, "max_model_len", None),
+                 max_queue_len=max_queue_len)
+    for k, v in knobs.items():
+        if v is not None and v >= _BIG:
+            return f"{k} {v} (the core takes integers below 2^40)"
+    if workload is not None and len(workload):
+        # NOTE: the row sums Python keeps as unbounded integers (sum of q*q, q*kv) must fit int64:
+        # with requests below 2^20 tokens and below 2^20 rows a step, they stay below 2^61
+        if int(workload.prompt_tokens.min()) < 1:
+            return "a request with an empty prompt"
+        top = int((workload.prompt_tokens + workload.output_tokens).max())
+        if top >= _TOKENS:
+            return f"a request of {top} tokens (the core takes fewer than 2^20)"
+        rows = min(len(workload), rc.max_num_seqs)
+        if rows >= _TOKENS:
+            return f"{rows} sequences a step (the core takes fewer than 2^20)"
+    if router not in _ROUTERS:
+        return f"router {router!r} (the core runs {', '.join(_ROUTERS)})"
+    if type(cost) is not RooflineCostModel or cost.pricing_table() is None:
+        return "a cost model other than the roofline model's fast path"
+    return None
+
+
+def rules_mismatch() -> str | None:
+    """Why the core's rules are not the loaded ones (None when they agree)."""
+    diff = rules_differ()
+    if not diff:
+        return None
+    shown = ", ".join(diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+    return (f"the loaded rules differ from those the compiled core implements ({shown}): "
+            "edited or monkeypatched code runs on the SimPy engine")
+
+
+class CoreCurve(ctypes.Structure):
+    """batchsim.calibrate.pricing.CurveTable (``core_curve_t``)."""
+
+    _fields_ = [("n", ctypes.c_int64), ("lo", ctypes.c_double), ("hi", ctypes.c_double),
+                ("ylo", ctypes.c_double), ("yhi", ctypes.c_double), ("lx", ctypes.c_void_p),
+                ("y", ctypes.c_void_p), ("slope", ctypes.c_void_p)]
+
+
+class CoreOp(ctypes.Structure):
+    """batchsim.calibrate.pricing.OperatorTable (``core_op_t``)."""
+
+    _fields_ = [("comp", CoreCurve), ("mem", CoreCurve), ("has_range", ctypes.c_int64),
+                ("range", ctypes.c_double * 4), ("peak", ctypes.c_double), ("kernels", ctypes.c_int64)]
+
+
+# The dense operators the core prices itself, in batchsim.calibrate.work.ShardShape.dense's order then the LM head.
+_DENSE_OPS = ("embedding", "norms", "qkv_proj", "rotary", "kv_cache_write", "o_proj", "mlp_up", "mlp_act",
+              "mlp_down", "lm_head")
+
+
+class CoreCost(ctypes.Structure):
+    """batchsim.calibrate.pricing.PricingTable and its DenseTable (``core_cost_t``)."""
+
+    _fields_ = ([(k, ctypes.c_int64) for k in ("layers", "heads", "head_dim", "tp")]
+                + [(k, ctypes.c_double) for k in ("kv_elt", "qo", "peak", "bw", "attn_launch", "host_step",
+                                                  "host_seq", "host_decode_step")]
+                + [("prefill", CoreOp), ("decode", CoreOp), ("dense_in_c", ctypes.c_int64)]
+                + [(k, ctypes.c_int64) for k in ("hidden", "q_heads", "kv_heads", "qkv_width", "rot_width",
+                                                 "vocab", "mlp_width", "up_width")]
+                + [(k, ctypes.c_double) for k in ("b_w", "b_kv", "launch", "link_lat", "link_bw")]
+                + [("ops", CoreOp * len(_DENSE_OPS))])
+
+
+class CoreParams(ctypes.Structure):
+    """One run's settings (``core_params_t``)."""
+
+    _fields_ = ([(k, ctypes.c_int64) for k in ("n_req", "n_rep", "block_size", "max_model_len", "max_queue_len",
+                                              "router", "has_horizon", "step_cap", "gap_cap")]
+                + [("horizon", ctypes.c_double)])
+
+
+def _fill_curve(c: CoreCurve, t, keep: list) -> None:
+    arrays = [np.array(v, dtype=np.float64) for v in (t.log_x, t.log_y, t.slope if t.slope else (0.0,))]
+    keep += arrays
+    c.n, c.lo, c.hi, c.ylo, c.yhi = len(t.log_x), t.lo, t.hi, t.y_lo, t.y_hi
+    c.lx, c.y, c.slope = (a.ctypes.data for a in arrays)
+
+
+def _fill_op(o: CoreOp, t, keep: list) -> None:
+    _fill_curve(o.comp, t.compute, keep)
+    _fill_curve(o.mem, t.memory, keep)
+    o.has_range = int(t.measured is not None)
+    for i, v in enumerate(t.measured or (0.0, 0.0, 0.0, 0.0)):
+        o.range[i] = float(v)
+    o.peak, o.kernels = t.peak_flops, t.kernels
+
+
+def _dense_in_c(dense) -> bool:
+    """Whether the core prices these dense operators itself (the ten of a dense model, in its order)."""
+    if dense is None:
+        return False
+    names = tuple("mlp_up" if o.name == "mlp_gate_up" else o.name for o in dense.operators)
+    return names == _DENSE_OPS
+
+
+def cost_struct(table, keep: list) -> CoreCost:
+    """The cost model's pricing table as the core reads it; ``keep`` holds the curve arrays alive."""
+    c = CoreCost()
+    c.layers, c.heads, c.head_dim, c.tp = table.layers, table.q_heads, table.head_dim, table.tp
+    c.kv_elt, c.qo, c.peak, c.bw = (table.kv_bytes_per_token_layer, table.qo_bytes_per_token_layer,
+                                    table.attention_peak_flops, table.bandwidth)
+    c.attn_launch, c.host_step, c.host_seq, c.host_decode_step = (table.attention_launch_s, table.host_step_s,
+                                                                  table.host_seq_s, table.host_decode_step_s)
+    _fill_op(c.prefill, table.prefill, keep)
+    _fill_op(c.decode, table.decode, keep)
+    d = table.dense
+    c.dense_in_c = int(_dense_in_c(d))
+    if c.dense_in_c:
+        c.hidden, c.q_heads, c.kv_heads, c.qkv_width = d.hidden_size, d.q_heads, d.kv_heads, d.qkv_width
+        c.rot_width, c.vocab, c.mlp_width, c.up_width = d.rotary_width, d.vocab, d.mlp_width, d.mlp_up_width
+        c.b_w, c.b_kv, c.launch, c.link_lat, c.link_bw = (d.weight_bytes, d.kv_bytes, d.launch_s, d.link_latency_s,
+                                                          d.link_bandwidth)
+        for i, op in enumerate(d.operators):
+            _fill_op(c.ops[i], op, keep)
+    return c
+
+
+@dataclass
+class CoreRun:
+    """What a core run leaves for the runner: the request records, the clock, KV peaks."""
+
+    requests: pd.DataFrame
+    now: float
+    kv_peak: list[int]
+    steps: int
+    held: int  # requests still queued or running on some replica at the end
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_model_len: int,
+             router: str, horizon: float | None, max_queue_len: int | None, steps, itl_sinks: list,
+             router_rng: np.random.Generator | None = None) -> CoreRun:
+    """Run the scenario in the compiled core, writing records into ``steps`` and ``itl_sinks``
+    (one per replica) exactly as the Python engine would. ``router_rng`` is the router's
+    generator (``power_of_two`` draws its pairs from it, as batchsim.sim.router does)."""
+    lib = library()
+    if lib is None:  # pragma: no cover - callers check first
+        raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
+    st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
+                   router_rng)
+    reps = len(kv_blocks)
+    info, dense, sf, si, g_rid, g_gap, req_i, req_f = (a[k] for k in (
+        "info", "dense", "sf", "si", "g_rid", "g_gap", "req_i", "req_f"))
+    global _active
+    _active = (lib, st, a)
+    try:
+        while True:
+            status = lib.core_run(st)
+            if status == _NEED_DENSE:
+                lib.core_info(st, _ptr(info))
+                T, s = int(info[2]), int(info[3])
+                dense[:] = [float(v) for v in cost.dense_totals(T, s)]
+                if lib.core_put_dense(st, T, s, _ptr(dense)):
+                    raise MemoryError("the compiled core could not grow its cost table")
+                continue
+            if status == _ERR_ADMIN:
+                raise PolicyError(f"{policy.name}: no step after 100000 plans")
+            if status == _ERR_IDLE:
+                raise PolicyError(f"{policy.name}: asked to idle until a time not after now")
+            if status < 0:
+                raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
+            lib.core_info(st, _ptr(info))
+            _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks)
+            lib.core_flushed(st)
+            if status == _DONE:
+                break
+        lib.core_info(st, _ptr(info))
+        held = int(lib.core_held(st))
+    finally:
+        _active = None
+        lib.core_free(st)
+    delivered = int(info[4])
+    requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
+    return CoreRun(requests=requests, now=float(info[0]),
+                   kv_peak=[int(info[_rep_info(i) + 2]) for i in range(reps)], steps=int(info[1]),
+                   held=held)
+
+
+def progress() -> dict | None:
+    """How far the core run in progress got (for a benchmark's timeout report; called between
+    the core's returns, e.g. from a signal handler), or None when no core run is in progress."""
+    if _active is None:
+        return None
+    lib, st, a = _active
+    info = np.zeros_like(a["info"])
+    lib.core_info(st, _ptr(info))
+    arrived = int(info[4])
+    return {"steps": int(info[1]), "arrived": arrived, "completed": int((a["req_i"][1, :arrived] == _COMPLETED).sum()),
+            "sim_s": float(info[0])}
+
+
+def dense_totals(cost, keys) -> np.ndarray | None:
+    """The core's own ``RooflineCostModel._dense`` for each ``(tokens, sampled)`` in ``keys``
+    (rows of 7), or None when the core leaves this model's dense operators to Python."""
+    from batchsim.policies.continuous import ContinuousPolicy
+    from batchsim.sim.types import Workload
+
+    lib = library()
+    if lib is None or not _dense_in_c(cost.pricing_table().dense):
+        return None
+    empty = Workload(arrival=np.zeros(0), prompt_tokens=np.zeros(0, dtype=np.int64),
+                     output_tokens=np.zeros(0, dtype=np.int64))
+    st, _keep = _start(lib, empty, ContinuousPolicy(), cost, [1], 16, 1, "round_robin", None, None)
+    out = np.empty((len(keys), 7), dtype=np.float64)
+    try:
+        for i, (t, s) in enumerate(keys):
+            lib.core_dense(st, int(t), int(s), _ptr(out[i]))
+    finally:
+        lib.core_free(st)
+    return out
+
+
+def _pairs(rng: np.random.Generator | None, replicas: int, workload, horizon: float | None) -> np.ndarray:
+    """batchsim.sim.router's power_of_two draws, one pair per routed arrival, in arrival order: the draws
+    do not depend on the replicas' state, so they can be made before the run (~10 us each)."""
+    # (a row per request, drawn for those that can arrive before the horizon: the others are never routed)
+    out = np.zeros((max(len(workload), 1), 2), dtype=np.int64)
+    n = len(workload) if horizon is None else min(len(workload), int(np.searchsorted(workload.arrival, horizon,
+                                                                                        "right")) + 1)
+    if rng is not None and replicas > 1:
+        choice = rng.choice
+        for i in range(n):
+            a, b = choice(replicas, size=2, replace=False)
+            out[i, 0], out[i, 1] = int(a), int(b)
+    return out
+
+
+def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
+           router_rng=None):
+    """A new core state for this run, and the arrays it reads and writes (kept alive by the caller)."""
+    recipe = recipe_struct(policy.recipe)
+    if isinstance(recipe, str):  # pragma: no cover - unsupported() said so first
+        raise RuntimeError(f"the compiled core cannot run this recipe: {recipe}")
+    n, reps = len(workload), len(kv_blocks)
+    pairs = _pairs(router_rng if router == "power_of_two" else None, reps, workload, horizon)
+    rows = min(recipe.max_num_seqs, n)
+    # NOTE: buffers shrink with many replicas (4096 replicas at full size would reserve ~19 GiB)
+    step_cap = max(64, min(_STEP_CAP, (1 << 20) // reps))
+    gap_cap = max(2 * rows + 16, min(_GAP_CAP, (1 << 21) // reps))
+    params = CoreParams(n_req=n, n_rep=reps, block_size=block_size, max_model_len=max_model_len,
+                        max_queue_len=-1 if max_queue_len is None else max_queue_len, router=_ROUTERS[router],
+                        has_horizon=int(horizon is not None), step_cap=step_cap, gap_cap=gap_cap,
+                        horizon=0.0 if horizon is None else float(horizon))
+    keep: list = []
+    costs = cost_struct(cost.pricing_table(), keep)
+    arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
+    prompt = np.ascontiguousarray(workload.prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(workload.output_tokens, dtype=np.int64)
+    req_i = np.empty((7, max(n, 1)), dtype=np.int64)
+    req_f = np.empty((5, max(n, 1)), dtype=np.float64)
+    blocks = np.array(kv_blocks, dtype=np.int64)
+    sf = np.empty((reps, 9, step_cap), dtype=np.float64)
+    si = np.empty((reps, 11, step_cap), dtype=np.int64)
+    g_rid = np.empty((reps, gap_cap), dtype=np.int64)
+    g_gap = np.empty((reps, gap_cap), dtype=np.float64)
+    info = np.zeros(_rep_info(reps), dtype=np.float64)
+    dense = np.empty(7, dtype=np.float64)
+    st = lib.core_new(ctypes.addressof(params), ctypes.addressof(recipe), ctypes.addressof(costs), _ptr(arrival),
+                      _ptr(prompt), _ptr(output), _ptr(req_i), _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si),
+                      _ptr(g_rid), _ptr(g_gap), _ptr(pairs))
+    if not st:
+        raise MemoryError("the compiled core could not allocate its state")
+    return st, {"params": params, "recipe": recipe, "costs": costs, "keep": keep, "pairs": pairs, "arrival": arrival,
+                "prompt": prompt, "output": output,
+                "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_rid": g_rid,
+                "g_gap": g_gap, "info": info, "dense": dense}
+
+
+def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
+    for i in range(reps):
+        k = int(info[_rep_info(i)])
+        if k:
+            f, s = sf[i], si[i]
+            steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
+                         f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
+                         s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)
+        g = int(info[_rep_info(i) + 1])
+        if g:
+            itl_sinks[i].extend(g_rid[i, :g], g_gap[i, :g])
+
+
+def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, block_size, max_queue_len):
+    """The request records (batchsim.sim.records.request_frame's frame, the same dtypes and values)
+    built from the core's arrays, without a Python object per request."""
+    if delivered == 0:
+        return request_frame([])
+    k = delivered
+    rep, status, reason, rval, gen, pre, at_int = (req_i[j, :k] for j in range(7))
+    admitted, first, last, comp, mx = (req_f[j, :k] for j in range(5))
+    arrival = workload.arrival[:k].astype(np.float64)
+    output = workload.output_tokens[:k].astype(np.int64)
+    done = status == _COMPLETED
+    completion = np.where(done, comp, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(done & ~np.isnan(first) & (output > 1), (completion - first) / (output - 1), np.nan)
+    reasons = np.full(k, "", dtype=object)
+    for rid in np.flatnonzero(status == _REJECTED).tolist():
+        reasons[rid] = _reason(int(reason[rid]), int(rval[rid]), recipe, max_model_len, kv_blocks[int(rep[rid])],
+                               block_size, max_queue_len)
+    # NOTE: pandas infers a column of Python ints as int64: SimPy's clock is the integer 0 until a
+    # timeout fires, so when every request was admitted then, the Python engine's column is integral
+    adm = admitted.astype(np.int64) if bool(at_int.all()) else admitted.copy()
+    cols = {
+        "rid": np.arange(k, dtype=np.int64), "replica": rep.copy(),
+        "status": np.array(_STATUS, dtype=object)[status], "reason": reasons,
+        "arrival": arrival, "prompt_tokens": workload.prompt_tokens[:k].astype(np.int64), "output_tokens": output,
+        "generated_tokens": gen.copy(), "admitted": adm, "first_token": first.copy(), "last_token": last.copy(),
+        "completion": completion, "ttft": first - arrival, "tpot": tpot, "e2el": completion - arrival,
+        "max_itl": mx.copy(), "preemptions": pre.copy(), "cached_tokens": np.zeros(k, dtype=np.int64),
+    }
+    return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
+
+
+def _reason(code: int, value: int, recipe, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:
+    """The words batchsim.sim.engine and batchsim.policies.step give the rejection the core coded as (code, value)."""
+    from batchsim.policies.step import over_budget
+    from batchsim.sim.engine import over_kv, queue_full, too_long
+
+    if code == 1:
+        return too_long(value, max_model_len)
+    if code == 2:
+        return over_kv(value, blocks * block_size)
+    if code == 3:
+        return queue_full(max_queue_len)
+    return over_budget(value, recipe.max_num_batched_tokens)

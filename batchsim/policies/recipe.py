@@ -1,0 +1,138 @@
+"""The vocabulary of the built-in policies' rules: small frozen recipes.
+
+A built-in policy states its rules once, as a value: an
+:class:`IterationRecipe` (continuous batching, chunked prefill) or a
+:class:`PaddedRecipe` (static and dynamic batching). Two interpreters run a
+recipe: :func:`batchsim.policies.step.run_iteration` / :func:`batchsim.policies.padded.run_padded`
+in Python (the SimPy engine's reference), and the compiled core
+(``batchsim/core/_core.c``) in C. A policy that changes its recipe (another order of
+moves, another guard, another queue order) changes both engines' results
+alike; one that overrides ``schedule`` runs on the SimPy engine only
+(``batchsim.core.unsupported`` says why, and the run's summary records it).
+
+An iteration-level step is built by *moves*, tried in order, each skipped
+when one of its ``unless`` conditions holds:
+
+=====================  ==========================================================
+move                   what it schedules (batchsim/policies/step.py, StepBuilder)
+=====================  ==========================================================
+``decodes``            one token per running decode; preempt by recompute (the
+                       recipe's ``victim``) while the KV cache cannot hold one
+``partial_prefills``   the next chunk, ``min(pending, budget left)``, of every
+                       running prompt that is partly computed, in admission order
+``admit``              waiting prompts whole, in ``order``, until one does not fit
+                       (a prompt over the whole token budget is rejected)
+``admit_chunks``       waiting prompts' first chunks, ``min(pending, budget left)``
+=====================  ==========================================================
+
+Each move appears at most once, and a recipe admits whole prompts or chunks,
+not both: the moves then take disjoint sets of sequences.
+
+=====================  ==========================================================
+``unless``             the move is skipped when
+=====================  ==========================================================
+``rows``               the step already schedules some tokens
+``preempted``          the step preempted a sequence (vLLM: victims would thrash)
+``stalled``            a ``partial_prefills`` move could not schedule some prompt
+                       (admitting now would overtake it)
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+__all__ = ["Move", "IterationRecipe", "PaddedRecipe", "Recipe", "MOVES", "GUARDS", "ORDERS", "VICTIMS"]
+
+MoveKind = Literal["decodes", "partial_prefills", "admit", "admit_chunks"]
+Guard = Literal["rows", "preempted", "stalled"]
+Order = Literal["fcfs", "shortest_prompt_first"]
+Victim = Literal["last_admitted"]
+
+MOVES: tuple[str, ...] = get_args(MoveKind)
+GUARDS: tuple[str, ...] = get_args(Guard)
+ORDERS: tuple[str, ...] = get_args(Order)
+VICTIMS: tuple[str, ...] = get_args(Victim)
+
+
+def _one_of(what: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(allowed)}")
+
+
+def _positive_int(what: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One move of an iteration-level step and the conditions that skip it."""
+
+    kind: MoveKind
+    unless: tuple[Guard, ...] = ()
+
+    def __post_init__(self) -> None:
+        _one_of("move", self.kind, MOVES)
+        if not isinstance(self.unless, tuple):
+            raise ValueError(f"Move.unless must be a tuple, got {self.unless!r}")
+        for g in self.unless:
+            _one_of("guard", g, GUARDS)
+
+
+@dataclass(frozen=True)
+class IterationRecipe:
+    """An iteration-level policy's rules: its moves, limits, queue order and victim rule."""
+
+    moves: tuple[Move, ...]
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    order: Order = "fcfs"
+    victim: Victim = "last_admitted"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.moves, tuple) or not all(isinstance(m, Move) for m in self.moves):
+            raise ValueError(f"IterationRecipe.moves must be a tuple of Move, got {self.moves!r}")
+        kinds = [m.kind for m in self.moves]
+        # NOTE: each move takes sequences no earlier move can have taken: decodes (running plain
+        # decodes), partial prefills (running prompts), admissions (waiting ones, whole or chunked).
+        # A move twice, or both admissions, would schedule or reject a sequence twice.
+        if len(set(kinds)) != len(kinds) or {"admit", "admit_chunks"} <= set(kinds):
+            raise ValueError(f"IterationRecipe.moves {kinds}: each move at most once, and admit or "
+                             "admit_chunks, not both")
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _one_of("queue order", self.order, ORDERS)
+        _one_of("victim rule", self.victim, VICTIMS)
+
+
+@dataclass(frozen=True)
+class PaddedRecipe:
+    """A padded-batch policy's launch rule (the batch then runs as batchsim/policies/padded.py says).
+
+    When the replica is idle and ``n`` requests wait: launch ``max_batch_size``
+    if ``n`` reaches it; else the largest of ``preferred_batch_sizes`` that
+    ``n`` can fill; else all ``n`` once the oldest has waited
+    ``max_queue_delay_s`` (at once when it is 0); until then, wake at that
+    deadline. Static batching is the case without preferred sizes.
+    """
+
+    max_batch_size: int
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_s: float = 0.0
+    complete_at: Literal["batch_end", "own_token"] = "batch_end"
+
+    def __post_init__(self) -> None:
+        _positive_int("max_batch_size", self.max_batch_size)
+        if not isinstance(self.preferred_batch_sizes, tuple):
+            raise ValueError(f"preferred_batch_sizes must be a tuple, got {self.preferred_batch_sizes!r}")
+        for b in self.preferred_batch_sizes:
+            _positive_int("a preferred batch size", b)
+        delay = self.max_queue_delay_s
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0:
+            raise ValueError(f"max_queue_delay_s must be a number >= 0, got {delay!r}")
+        _one_of("complete_at", self.complete_at, ("batch_end", "own_token"))
+
+
+Recipe = IterationRecipe | PaddedRecipe

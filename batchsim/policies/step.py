@@ -1,0 +1,201 @@
+"""The interpreter of iteration-level recipes: one step under a token budget and the KV cache.
+
+Continuous batching and chunked prefill differ only in how they fill a step
+(vLLM's insight: there is no prefill phase, only computed tokens catching up
+with known tokens). :func:`run_iteration` builds one step from a policy's
+:class:`~batchsim.policies.recipe.IterationRecipe`: a :class:`StepBuilder` holds what
+every move needs — the token budget left, free KV blocks after this plan's
+own frees and allocations, free sequence slots — and the recipe's moves run
+in order, each skipped when one of its ``unless`` conditions holds:
+
+- :meth:`StepBuilder.schedule_decodes`: every running decode gets one token;
+  when the cache cannot hold the growth, preempt the recipe's victim (vLLM:
+  the most recently admitted running sequence), exactly vLLM v0's
+  ``_schedule_running``.
+- :meth:`StepBuilder.schedule_partial_prefills`: running sequences whose
+  prompt is only partly computed get the next chunk (Sarathi-Serve).
+- :meth:`StepBuilder.admit`: waiting sequences enter in queue order, whole
+  prompt or first chunk, stopping at the first that does not fit.
+
+KV is accounted cumulatively, so the engine can always grant the plan. The
+compiled core (batchsim/core/_core.c) interprets the same recipes with the same moves;
+``batchsim.core`` runs a scenario there only while this module is the one the
+core was written for (``batchsim.core.rules``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from batchsim.policies.base import PolicyConfig, held_blocks
+from batchsim.policies.ordering import QUEUE_ORDERS, VICTIM_RULES, QueueOrder, last_admitted
+from batchsim.policies.recipe import IterationRecipe
+from batchsim.sim.protocols import ReplicaView, SeqView
+from batchsim.sim.types import BatchPlan
+
+__all__ = ["IterationConfig", "StepBuilder", "over_budget", "run_iteration"]
+
+
+def over_budget(pending: int, cap: int) -> str:
+    """Why a whole prompt is rejected (the compiled core's records give the same words: batchsim.core)."""
+    return f"needs {pending} tokens in one step but max_num_batched_tokens is {cap}"
+
+
+class IterationConfig(PolicyConfig):
+    """Limits shared by the iteration-level policies (vLLM ``SchedulerConfig`` names)."""
+
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences running at once (vLLM --max-num-seqs).")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="Most tokens computed in one step (vLLM --max-num-batched-tokens).")
+    order: QueueOrder = Field(
+        "fcfs", description="Order in which waiting sequences are tried for admission; preempted ones stay first.")
+    enable_prefix_caching: bool = Field(
+        False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
+                           "--enable-prefix-caching); needs prefix hashes in the workload.")
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _budget_covers_decodes(cls, v: int, info: ValidationInfo) -> int:
+        # Every running sequence must be able to decode in one step (vLLM's check).
+        seqs = info.data.get("max_num_seqs")
+        if seqs is not None and v < seqs:
+            raise ValueError(f"max_num_batched_tokens ({v}) must be >= max_num_seqs ({seqs}) "
+                             "so every running sequence can decode in each step")
+        return v
+
+
+def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
+    """One step of an iteration-level policy: the recipe's moves, in order, under its guards."""
+    step = StepBuilder(view, recipe.max_num_batched_tokens, recipe.max_num_seqs, VICTIM_RULES[recipe.victim])
+    stalled = False
+    for move in recipe.moves:
+        skip = move.unless
+        if (("rows" in skip and step.num_tokens) or ("preempted" in skip and step.preempted)
+                or ("stalled" in skip and stalled)):
+            continue
+        kind = move.kind
+        if kind == "decodes":
+            step.schedule_decodes()
+        elif kind == "partial_prefills":
+            if not step.schedule_partial_prefills():
+                stalled = True
+        else:
+            step.admit(QUEUE_ORDERS[recipe.order](view.waiting), chunked=kind == "admit_chunks")
+    return step.plan()
+
+
+class StepBuilder:
+    """Accumulates one step's plan while tracking budget, KV blocks and slots."""
+
+    def __init__(self, view: ReplicaView, max_num_batched_tokens: int, max_num_seqs: int,
+                 victim: Callable[[Sequence[SeqView]], SeqView] = last_admitted) -> None:
+        self.view = view
+        self.cap = max_num_batched_tokens
+        self.budget = max_num_batched_tokens
+        self.free = view.kv.free_blocks
+        self.victim = victim
+        self.num_tokens: dict[int, int] = {}
+        self.preempted: list[int] = []
+        self.release: list[int] = []
+        self.reject: dict[int, str] = {}
+        for seq in view.running:
+            if seq.finished:
+                # NOTE: iteration-level policies never hold finished sequences;
+                # should one be left running, let it go rather than leak its KV.
+                self.release.append(seq.rid)
+                self.free += held_blocks(view.kv, seq)
+        # running, not finished, in admission order
+        self.live = [s for s in view.running if not s.finished]
+        self.slots = max_num_seqs - len(self.live)
+
+    # -- primitives -------------------------------------------------------
+    def _try(self, seq: SeqView, q: int) -> bool:
+        """Schedule ``q`` tokens of ``seq`` if its KV growth fits; True if it did."""
+        need = self.view.kv.blocks_needed(seq, seq.num_computed + q)
+        if need > self.free:
+            return False
+        self.free -= need
+        self.budget -= q
+        self.num_tokens[seq.rid] = q
+        return True
+
+    def _preempt(self, seq: SeqView) -> None:
+        self.preempted.append(seq.rid)
+        self.free += held_blocks(self.view.kv, seq)
+        self.slots += 1
+
+    def _unscheduled(self) -> list[SeqView]:
+        gone = set(self.preempted)
+        return [s for s in self.live if s.rid not in gone and s.rid not in self.num_tokens]
+
+    # -- moves --------------------------------------------------------------
+    def schedule_decodes(self) -> None:
+        """One token per running decode, preempting by recompute when KV runs out.
+
+        vLLM v0 ``_schedule_running``: take running decodes oldest first;
+        while one cannot grow, preempt the victim (by default the most
+        recently admitted sequence not yet scheduled); if that victim is the
+        sequence itself, stop there.
+        """
+        # decodes: a token generated and exactly one pending (not in_prefill)
+        decodes = [s for s in self.live if s.num_generated and s.num_tokens - s.num_computed == 1]
+        for seq in decodes:
+            if seq.rid in self.preempted:
+                continue
+            if self.budget < 1:
+                break
+            while not self._try(seq, 1):
+                victim = self.victim(self._unscheduled())
+                self._preempt(victim)
+                if victim.rid == seq.rid:
+                    return
+
+    def schedule_partial_prefills(self) -> bool:
+        """Next chunk, ``min(pending, budget left)``, for each running prefill in admission order.
+
+        Returns False when one could not be scheduled (budget spent or KV
+        full): the recipe's ``stalled`` guard then keeps admissions out, so a
+        stalled prefill is not overtaken.
+        """
+        for seq in self.live:
+            if not seq.in_prefill or seq.rid in self.preempted:
+                continue
+            if self.budget < 1 or not self._try(seq, min(seq.pending, self.budget)):
+                return False
+        return True
+
+    def admit(self, candidates: Sequence[SeqView], chunked: bool) -> None:
+        """Admit waiting sequences in the given order until one does not fit.
+
+        Whole prompts (``chunked=False``) need their whole ``pending`` within
+        the budget left; a prompt larger than the whole budget can never run
+        and is rejected. Chunked admissions take ``min(pending, budget left)``.
+        Either way a sequence needs a free slot and blocks for
+        ``num_computed + q`` tokens; the first that fails stops admission (FCFS).
+        """
+        for seq in candidates:
+            if not chunked and seq.pending > self.cap:
+                self.reject[seq.rid] = over_budget(seq.pending, self.cap)
+                continue
+            if self.slots < 1 or self.budget < 1:
+                return
+            q = min(seq.pending, self.budget) if chunked else seq.pending
+            if q > self.budget or not self._try(seq, q):
+                return
+            self.slots -= 1
+
+    def plan(self) -> BatchPlan:
+        """The step as a value; victims listed in admission order.
+
+        The engine puts preempted sequences at the front of the queue in plan
+        order, so listing them oldest first restores their admission order
+        (as vLLM does).
+        """
+        preempt: tuple[int, ...] = ()
+        if self.preempted:
+            rank = {s.rid: i for i, s in enumerate(self.live)}
+            preempt = tuple(sorted(self.preempted, key=rank.__getitem__))
+        return BatchPlan(num_tokens=self.num_tokens, preempt=preempt, release=tuple(self.release),
+                         reject=self.reject)

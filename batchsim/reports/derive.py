@@ -1,0 +1,163 @@
+"""Series derived from records: latency samples, binned timelines, token split, load.
+
+Everything here is a pure function of the record frames of ``batchsim.sim.records``
+(requests, steps, ITL gaps) and a few run facts, so it is tested with
+hand-built frames. Time-binned quantities are exact integrals: a step's work
+is spread uniformly over its ``[start, end)``, so a long prefill that spans
+several bins adds to each the part that fell in it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["measured_completed", "latency_samples_ms", "timeline", "token_split",
+           "load_window", "TIMELINE_FIELDS"]
+
+TIMELINE_FIELDS = ("t", "batch_size", "kv_usage", "queue_depth", "mfu", "mbu", "compute_share")
+
+
+def measured_completed(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> pd.DataFrame:
+    """Completed requests in the measured window (as ``batchsim.sim.metrics`` counts them)."""
+    if requests.empty:
+        return requests
+    hi = requests["arrival"].max() - cooldown_s
+    win = requests[(requests["arrival"] >= warmup_s) & (requests["arrival"] <= hi)]
+    return win[win["status"] == "completed"]
+
+
+def latency_samples_ms(requests: pd.DataFrame, itl: pd.DataFrame, meta: dict) -> dict[str, np.ndarray]:
+    """TTFT, TPOT, E2E per measured request and every ITL gap of those, in ms."""
+    done = measured_completed(requests, meta.get("warmup_s", 0.0), meta.get("cooldown_s", 0.0))
+    out = {}
+    for key in ("ttft", "tpot", "e2el"):
+        v = done[key].to_numpy(dtype=float) if len(done) else np.empty(0)
+        out[key] = v[~np.isnan(v)] * 1000.0
+    gaps = itl[itl["rid"].isin(done["rid"])]["gap"].to_numpy(dtype=float) if len(itl) else np.empty(0)
+    out["itl"] = gaps * 1000.0
+    return out
+
+
+def _ramp_sum(x: np.ndarray, w: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``sum_i w_i * max(0, t - x_i)`` at every ``t``."""
+    order = np.argsort(x, kind="stable")
+    xs, ws = x[order], w[order]
+    cw = np.concatenate(([0.0], np.cumsum(ws)))
+    cwx = np.concatenate(([0.0], np.cumsum(ws * xs)))
+    k = np.searchsorted(xs, t, side="right")
+    return t * cw[k] - cwx[k]
+
+
+def _step_integrals(steps: pd.DataFrame, amounts: dict[str, np.ndarray], edges: np.ndarray) -> dict[str, np.ndarray]:
+    """Each amount summed per time bin, every step's share spread over its duration.
+
+    Per replica, steps never overlap, so the running total of an amount is a
+    piecewise-linear function of time through ``(start_i, total before i)``
+    and ``(end_i, total after i)``; ``np.interp`` evaluates it at the bin
+    edges exactly (no cancellation) and a zero-length step is a jump.
+    """
+    out = {k: np.zeros(len(edges) - 1) for k in amounts}
+    if steps.empty:
+        return out
+    start = steps["start"].to_numpy(dtype=float)
+    end = np.maximum(steps["end"].to_numpy(dtype=float), start)
+    replica = steps["replica"].to_numpy() if "replica" in steps else np.zeros(len(steps), dtype=int)
+    for r in np.unique(replica):
+        idx = np.flatnonzero(replica == r)
+        idx = idx[np.argsort(start[idx], kind="stable")]
+        xp = np.empty(2 * len(idx))
+        xp[0::2], xp[1::2] = start[idx], end[idx]
+        xp = np.maximum.accumulate(xp)  # NOTE: guards np.interp against a malformed overlap
+        fp = np.empty_like(xp)
+        for k, a in amounts.items():
+            a = np.asarray(a, dtype=float)[idx]
+            total = np.cumsum(a)
+            fp[0::2], fp[1::2] = total - a, total
+            out[k] += np.diff(np.interp(edges, xp, fp))
+    return out
+
+
+def _queue_time(requests: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
+    """Request-seconds spent waiting (arrived, not yet admitted) in each bin."""
+    if requests.empty:
+        return np.zeros(len(edges) - 1)
+    arr = requests["arrival"].to_numpy(dtype=float)
+    adm = requests["admitted"].to_numpy(dtype=float)
+    # NOTE: a rejected request leaves the queue at once, a never-admitted one
+    # waits to the end; a preempted request back in the queue is not counted
+    # (the request records keep only the first admission).
+    left = np.where(np.isnan(adm), np.where(requests["status"].to_numpy() == "rejected", arr, edges[-1]), adm)
+    ones = np.ones(len(arr))
+    return np.diff(_ramp_sum(arr, ones, edges) - _ramp_sum(np.maximum(left, arr), ones, edges))
+
+
+def timeline(requests: pd.DataFrame, steps: pd.DataFrame, meta: dict, t_end: float,
+             bins: int = 200) -> pd.DataFrame:
+    """Per time bin: mean batch size and KV usage while busy, waiting requests,
+    MFU, MBU and the compute-bound share of operator time (columns
+    :data:`TIMELINE_FIELDS`). Batch size, KV usage and compute share are NaN
+    in a bin with no step (a gap in the line); MFU and MBU are 0 there."""
+    edges = np.linspace(0.0, max(t_end, 1e-9), bins + 1)
+    width = edges[1] - edges[0]
+    d = (steps["end"] - steps["start"]).to_numpy(dtype=float)
+    col = {k: steps[k].to_numpy(dtype=float) for k in
+           ("num_seqs", "kv_used_blocks", "useful_flops", "bytes", "compute_s", "memory_s")}
+    b = _step_integrals(steps, {"busy": d, "seqs": col["num_seqs"] * d, "kv": col["kv_used_blocks"] * d,
+                                "flops": col["useful_flops"], "bytes": col["bytes"],
+                                "comp": col["compute_s"], "mem": col["memory_s"]}, edges)
+    reps = float(meta.get("replicas", 1))
+    op = b["comp"] + b["mem"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        on = np.where(b["busy"] > 0, b["busy"], np.nan)
+        return pd.DataFrame({
+            "t": (edges[:-1] + edges[1:]) / 2,
+            "batch_size": b["seqs"] / on,
+            "kv_usage": b["kv"] / on / float(meta.get("kv_blocks", 1)),
+            "queue_depth": _queue_time(requests, edges) / width,
+            "mfu": b["flops"] / (meta["peak_flops"] * reps * width),
+            "mbu": b["bytes"] / (meta["peak_bandwidth"] * reps * width),
+            "compute_share": np.where(op > 0, b["comp"] / op, np.nan),
+        })
+
+
+def token_split(steps: pd.DataFrame) -> dict[str, float]:
+    """Billed tokens by kind: useful prefill and decode, prompt padding, dead slots.
+
+    Padding billed in a step that also prefills is prompt padding (a static
+    batch padded to its longest prompt); padding in a decode-only step is a
+    dead slot (a finished sequence still riding along until its batch ends).
+    """
+    pad = steps["padding_tokens"].to_numpy(dtype=float)
+    prefill = steps["prefill_tokens"].to_numpy(dtype=float)
+    in_prefill = prefill > 0
+    return {
+        "prefill": float(prefill.sum()),
+        "decode": float(steps["decode_tokens"].to_numpy(dtype=float).sum()),
+        "prompt_padding": float(pad[in_prefill].sum()),
+        "dead_slots": float(pad[~in_prefill].sum()),
+    }
+
+
+def load_window(requests: pd.DataFrame, steps: pd.DataFrame, skip: float = 0.25) -> dict[str, float]:
+    """Offered and served output tokens/s while requests are still arriving.
+
+    The window is ``[a0 + skip*(a1 - a0), a1]`` (``a0``/``a1`` the first and
+    last arrival). Offered: output tokens of the requests arriving in it per
+    second. Served: output tokens produced in it per second (first tokens plus
+    decode tokens of the steps ending in it). Skipping the start lets the
+    tokens in flight at both ends cancel; the drain after the last arrival,
+    which a short run's whole-run throughput counts, is left out.
+    """
+    if len(requests) < 2:
+        return {"offered_output_throughput": 0.0, "served_output_throughput": 0.0}
+    a = requests["arrival"].to_numpy(dtype=float)
+    a0, a1 = float(a.min()), float(a.max())
+    lo = a0 + skip * (a1 - a0)
+    span = max(a1 - lo, 1e-12)
+    offered = float(requests.loc[(a >= lo) & (a <= a1), "output_tokens"].sum())
+    ft = requests["first_token"].to_numpy(dtype=float)
+    firsts = int(((ft >= lo) & (ft <= a1)).sum())
+    end = steps["end"].to_numpy(dtype=float) if len(steps) else np.empty(0)
+    decodes = float(steps.loc[(end >= lo) & (end <= a1), "decode_tokens"].sum()) if len(steps) else 0.0
+    return {"offered_output_throughput": offered / span, "served_output_throughput": (firsts + decodes) / span}

@@ -1,0 +1,131 @@
+"""Write a whole report folder: CSVs, PNGs and the self-contained report.html.
+
+The compare report (:func:`write_compare_report`) and the sweep report
+(:func:`write_sweep_report`) both write every file atomically (``batchsim.sim.io``),
+so a killed run leaves whole files or none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from batchsim.reports import html as H
+from batchsim.reports import plots
+from batchsim.reports.runs import PolicyRun, ReportInfo
+from batchsim.reports.style import png_bytes
+from batchsim.reports.sweep import saturation_points, saturation_text, sweep_figure
+from batchsim.reports.tables import LATENCY_COLUMNS, SWEEP_COLUMNS, UTILIZATION_COLUMNS, Column, runs_frame, summary_frame
+from batchsim.sim.io import atomic_write_bytes, atomic_write_text, write_csv
+
+__all__ = ["write_compare_report", "write_sweep_report", "COMPARE_FIGURES", "DEFINITIONS"]
+
+# (file name, builder, section title, alt text, caption)
+COMPARE_FIGURES: tuple[tuple[str, Callable, str, str, str], ...] = (
+    ("latency_cdf.png", plots.latency_cdfs, "Latency distributions", "TTFT, TPOT and ITL CDFs per policy",
+     "Cumulative distributions over the measured requests (log x). Markers: p50 (circle) and "
+     "p99 (triangle) of each policy."),
+    ("latency_percentiles.png", plots.latency_percentiles, "Latency percentiles",
+     "latency percentiles per policy",
+     "p50, p90 and p99 of each latency per policy (log y); error bars are 95% confidence "
+     "intervals over seeds when there are several."),
+    ("timelines.png", plots.timelines, "Timelines",
+     "timelines of batch size, KV usage, queue depth, MFU, MBU and compute-bound share",
+     "What the replicas were doing over simulated time, averaged in equal time bins: a column per "
+     "policy on its own time axis (a slow policy runs longer), one y scale per row. Bottom row: "
+     "operator time that was compute-bound (colour) vs memory-bound (grey)."),
+    ("token_efficiency.png", plots.token_efficiency, "Token efficiency",
+     "billed tokens by kind per policy",
+     "Billed tokens split into useful prefill and decode, padding to the longest prompt of a "
+     "static batch, and dead slots (finished sequences still billed until their batch ends)."),
+)
+
+DEFINITIONS = (
+    "TTFT: first output token − arrival. TPOT: (completion − first token) / (output tokens − 1). "
+    "ITL: gap between consecutive tokens of a request. E2E: completion − arrival.",
+    "Goodput: completed requests per second that met every SLO. Token efficiency: useful tokens / "
+    "billed tokens (padding and dead slots are billed but useless).",
+    "MFU: useful FLOPs / peak FLOP/s over wall time; MBU: bytes moved / peak bandwidth over wall time.",
+)
+
+
+SATURATION_RULE = (
+    "Rule: a point is saturated when the output tokens served per second while requests were still "
+    "arriving (after the first quarter of the arrival span) fall below 90% of the output tokens "
+    "offered per second in that window; a policy's saturation point is its lowest saturated rate.")
+
+
+def _all_columns(frame: pd.DataFrame) -> list[Column]:
+    return [Column(c, c, "g" if pd.api.types.is_numeric_dtype(frame[c]) else "text") for c in frame.columns]
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in frame.to_dict(orient="records")]
+
+
+def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: ReportInfo,
+                         policy_knobs: Sequence[str] = ()) -> dict[str, Path]:
+    """Write summary.csv (runs.csv with seeds > 1), the PNGs and report.html."""
+    out = Path(out_dir)
+    written: dict[str, Path] = {}
+    frame = summary_frame(runs)
+    write_csv(out / "summary.csv", frame)
+    written["summary.csv"] = out / "summary.csv"
+    if any(r.seeds > 1 for r in runs):
+        write_csv(out / "runs.csv", runs_frame(runs))
+        written["runs.csv"] = out / "runs.csv"
+    rows = [r.stats() for r in runs]
+    ci = " Second lines: ± 95% CI half-width over seeds." if info.seeds > 1 else ""
+    sections = [
+        ("Throughput and latency", H.table_html(rows, LATENCY_COLUMNS, "latency")
+         + H.notes_html([f"Click a column header to sort.{ci}"])),
+        ("Utilization and efficiency", H.table_html(rows, UTILIZATION_COLUMNS, "utilization")),
+    ]
+    for name, build, title, alt, caption in COMPARE_FIGURES:
+        png = png_bytes(build(runs))
+        atomic_write_bytes(out / name, png)
+        written[name] = out / name
+        if info.seeds > 1 and name in ("latency_cdf.png", "timelines.png"):
+            caption += " Drawn from the first seed's records."
+        sections.append((title, H.figure_html(png, alt, caption)))
+    if policy_knobs:
+        sections.append(("Policies compared (every knob)", H.notes_html(policy_knobs)))
+    sections.append(("All metrics (summary.csv)", "<details><summary>show every column</summary>"
+                     + H.table_html(_records(frame), _all_columns(frame), "all-metrics") + "</details>"))
+    sections.append(("Definitions", H.notes_html(DEFINITIONS)))
+    atomic_write_text(out / "report.html", H.page(info, sections, footer=f"batchsim {info.version}"))
+    written["report.html"] = out / "report.html"
+    return written
+
+
+def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Sequence[str],
+                       info: ReportInfo, policy_knobs: Sequence[str] = ()) -> dict[str, Path]:
+    """Write sweep.csv, sweep.png and report.html for a load sweep."""
+    out = Path(out_dir)
+    write_csv(out / "sweep.csv", frame)
+    png = png_bytes(sweep_figure(frame, policies))
+    atomic_write_bytes(out / "sweep.png", png)
+    sat = saturation_text(saturation_points(frame))
+    rows = _records(frame)
+    for r in rows:
+        r["saturated"] = "yes" if r.get("saturated") else "no"
+    sections = [
+        ("Saturation", H.notes_html(sat + [SATURATION_RULE])),
+        ("Latency and throughput against offered load", H.figure_html(
+            png, "latency, throughput and goodput against offered load",
+            "A line per policy; stars and dotted verticals mark each policy's saturation point; dashed "
+            "black lines are the offered load. Throughput under load is what the saturation rule "
+            "compares with the offered load (the tables also give the whole-run output throughput). "
+            "Error bars: 95% CI over seeds when there are several.")),
+        ("Sweep points", H.table_html(rows, SWEEP_COLUMNS, "sweep")),
+        ("Policies compared (every knob)", H.notes_html(policy_knobs)),
+        ("All columns (sweep.csv)", "<details><summary>show every column</summary>"
+         + H.table_html(_records(frame), _all_columns(frame), "all-columns") + "</details>"),
+        ("Definitions", H.notes_html(DEFINITIONS)),
+    ]
+    atomic_write_text(out / "report.html", H.page(info, sections, footer=f"batchsim {info.version}"))
+    return {"sweep.csv": out / "sweep.csv", "sweep.png": out / "sweep.png",
+            "report.html": out / "report.html"}

@@ -1,0 +1,121 @@
+"""Latency and throughput against offered load: the sweep's table, saturation and figure.
+
+A sweep frame has one row per (policy, rate) with the summary keys (means,
+and ``_ci95`` half-widths with several seeds) plus the load-window columns
+of :func:`batchsim.reports.derive.load_window`.
+
+Saturation rule (docs/reports.md): a (policy, rate) point is *saturated* when
+the output tokens it served per second while requests were still arriving
+fall below :data:`SATURATION_RATIO` of the output tokens offered per second
+in that window. A policy's saturation point is the lowest swept rate that is
+saturated; ``None`` when none is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from batchsim.reports.stats import CI_SUFFIX
+from batchsim.reports.style import new_figure, policy_lines, set_log, styled
+
+__all__ = ["SATURATION_RATIO", "mark_saturation", "saturation_points", "saturation_text", "sweep_figure"]
+
+SATURATION_RATIO = 0.9
+
+
+def mark_saturation(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ``served_ratio`` and ``saturated`` (served < 90% of offered) columns."""
+    out = frame.copy()
+    offered = out["offered_output_throughput"].to_numpy(dtype=float)
+    served = out["served_output_throughput"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(offered > 0, served / offered, 1.0)
+    out["served_ratio"] = ratio
+    out["saturated"] = ratio < SATURATION_RATIO
+    return out
+
+
+def saturation_points(frame: pd.DataFrame) -> dict[str, float | None]:
+    """Each policy's lowest saturated rate (None when it kept up at every rate)."""
+    out: dict[str, float | None] = {}
+    for policy, rows in frame.groupby("policy", sort=False):
+        sat = rows[rows["saturated"].astype(bool)]
+        out[str(policy)] = float(sat["rate"].min()) if len(sat) else None
+    return out
+
+
+_PANELS = (
+    ("median_ttft_ms", "TTFT p50", "ms, log scale", True),
+    ("p99_ttft_ms", "TTFT p99", "ms, log scale", True),
+    ("median_tpot_ms", "TPOT p50", "ms, log scale", True),
+    ("p99_tpot_ms", "TPOT p99", "ms, log scale", True),
+    ("served_output_throughput", "Output throughput under load", "tokens/s served in the load window", False),
+    ("request_goodput", "Goodput (requests meeting every SLO)", "requests/s", False),
+)
+
+
+def _offered_lines(ax, key: str, frame: pd.DataFrame) -> Line2D | None:
+    """The offered load on the throughput and goodput panels (dashed black)."""
+    by_rate = frame.groupby("rate", sort=True)
+    if key == "served_output_throughput":
+        x = np.array(list(by_rate.groups))
+        y = by_rate["offered_output_throughput"].mean().to_numpy()
+    elif key == "request_goodput":
+        x = np.array(sorted(frame["rate"].unique()))
+        y = x
+    else:
+        return None
+    (line,) = ax.plot(x, y, ls="--", color="black", lw=1.0, label="_offered")
+    return line
+
+
+@styled
+def sweep_figure(frame: pd.DataFrame, policies: Sequence[str]) -> Figure:
+    """Six panels against offered load (req/s), a line per policy with 95% CI
+    error bars when seeds > 1, and each policy's saturation point marked by a
+    dotted vertical line in its colour."""
+    lines = policy_lines(policies)
+    sat = saturation_points(frame)
+    fig = new_figure(13.0, 8.6)
+    axes = fig.subplots(2, 3).ravel()
+    for ax, (key, title, unit, log) in zip(axes, _PANELS):
+        for p in policies:
+            rows = frame[frame["policy"] == p].sort_values("rate")
+            x, y = rows["rate"].to_numpy(dtype=float), rows[key].to_numpy(dtype=float)
+            ax.plot(x, y, marker="o", ms=4, label=p, **lines[p])
+            if key + CI_SUFFIX in rows:
+                err = np.nan_to_num(rows[key + CI_SUFFIX].to_numpy(dtype=float))
+                ax.errorbar(x, y, yerr=err, fmt="none", ecolor=lines[p]["color"], capsize=3, elinewidth=1)
+            if sat.get(p) is not None:
+                ax.axvline(sat[p], color=lines[p]["color"], ls=":", lw=1.4)
+                at = x == sat[p]
+                ax.plot(x[at], y[at], marker="*", ms=14, ls="none", color=lines[p]["color"],
+                        mec="black", mew=0.7, zorder=5)
+        _offered_lines(ax, key, frame)
+        if not (log and set_log(ax, "y", frame[key])):
+            ax.set_ylim(bottom=0)
+            unit = unit.replace(", log scale", "")
+        ax.set_title(title, loc="left")
+        ax.set_ylabel(f"{title.split(' (')[0]} ({unit})")
+        ax.set_xlabel("offered load (requests/s)")
+    handles = [Line2D([], [], marker="o", ms=4, label=p, **lines[p]) for p in policies]
+    handles.append(Line2D([], [], color="grey", ls=":", lw=1.4, marker="*", ms=11, mec="black",
+                          label="saturation point"))
+    handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="offered load"))
+    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles))
+    return fig
+
+
+def saturation_text(points: dict[str, float | None]) -> list[str]:
+    """One human line per policy: where it saturates."""
+    lines = []
+    for p, r in points.items():
+        lines.append(f"{p}: saturates at {r:g} req/s" if r is not None and not math.isnan(r)
+                     else f"{p}: kept up at every swept rate")
+    return lines

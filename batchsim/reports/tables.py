@@ -1,0 +1,126 @@
+"""Tables from summaries: the CSV frames and the report's sortable tables.
+
+``summary.csv`` has a row per policy and the summary.json keys as columns;
+with several seeds each numeric key holds the mean and is followed by
+``<key>_ci95``, the 95% CI half-width, after a ``seeds`` column. CSV floats
+are written with a fixed format (``batchsim.sim.io.write_csv``), so the same scenario
+and seed give the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pandas as pd
+
+from batchsim.reports.runs import PolicyRun
+from batchsim.reports.stats import CI_SUFFIX
+
+__all__ = ["summary_frame", "runs_frame", "Column", "LATENCY_COLUMNS", "UTILIZATION_COLUMNS", "SWEEP_COLUMNS",
+           "format_cell", "table_rows", "CSV_FLOAT_FORMAT"]
+
+CSV_FLOAT_FORMAT = "%.9g"
+
+
+def summary_frame(runs: Sequence[PolicyRun]) -> pd.DataFrame:
+    """One row per policy: its summary (one seed) or its means and CIs (several)."""
+    rows = []
+    for run in runs:
+        stats = run.stats()
+        if run.seeds > 1:
+            stats = {"policy": stats.pop("policy", run.policy), "seeds": run.seeds, **stats}
+        rows.append(stats)
+    return pd.DataFrame(rows)
+
+
+def runs_frame(runs: Sequence[PolicyRun]) -> pd.DataFrame:
+    """One row per (policy, seed index): every run's own summary."""
+    rows = [{"seed_index": i, **s} for run in runs for i, s in enumerate(run.summaries)]
+    return pd.DataFrame(rows)
+
+
+class Column:
+    """A report-table column: a label with its unit, a key and a format."""
+
+    __slots__ = ("label", "key", "kind")
+
+    def __init__(self, label: str, key: str, kind: str) -> None:
+        self.label, self.key, self.kind = label, key, kind
+
+
+# kind: "text", "int", "f0", "f1", "f2", "g" (4 significant digits), "pct" (a fraction shown as %).
+LATENCY_COLUMNS: tuple[Column, ...] = (
+    Column("policy", "policy", "text"),
+    Column("completed", "completed", "int"),
+    Column("rejected", "rejected", "int"),
+    Column("unfinished", "unfinished", "int"),
+    Column("requests/s", "request_throughput", "f2"),
+    Column("output tok/s", "output_throughput", "f0"),
+    Column("goodput (req/s in SLO)", "request_goodput", "f2"),
+    Column("TTFT p50 (ms)", "median_ttft_ms", "f1"),
+    Column("TTFT p99 (ms)", "p99_ttft_ms", "f1"),
+    Column("TPOT p50 (ms)", "median_tpot_ms", "f1"),
+    Column("TPOT p99 (ms)", "p99_tpot_ms", "f1"),
+    Column("ITL p99 (ms)", "p99_itl_ms", "f1"),
+    Column("ITL max (ms)", "max_itl_ms", "f1"),
+    Column("E2E p50 (ms)", "median_e2el_ms", "f0"),
+    Column("E2E p99 (ms)", "p99_e2el_ms", "f0"),
+)
+
+UTILIZATION_COLUMNS: tuple[Column, ...] = (
+    Column("policy", "policy", "text"),
+    Column("busy", "busy_fraction", "pct"),
+    Column("MFU", "mfu", "pct"),
+    Column("MBU", "mbu", "pct"),
+    Column("compute-bound time", "compute_bound_fraction", "pct"),
+    Column("token efficiency", "token_efficiency", "pct"),
+    Column("mean batch", "mean_batch_size", "f1"),
+    Column("peak KV", "peak_kv_usage", "pct"),
+    Column("preemptions", "preemptions", "f0"),
+)
+
+SWEEP_COLUMNS: tuple[Column, ...] = (
+    Column("policy", "policy", "text"),
+    Column("rate (req/s)", "rate", "f2"),
+    Column("offered tok/s", "offered_output_throughput", "f0"),
+    Column("served tok/s", "served_output_throughput", "f0"),
+    Column("saturated", "saturated", "text"),
+    Column("TTFT p50 (ms)", "median_ttft_ms", "f1"),
+    Column("TTFT p99 (ms)", "p99_ttft_ms", "f1"),
+    Column("TPOT p50 (ms)", "median_tpot_ms", "f1"),
+    Column("TPOT p99 (ms)", "p99_tpot_ms", "f1"),
+    Column("output tok/s", "output_throughput", "f0"),
+    Column("goodput (req/s in SLO)", "request_goodput", "f2"),
+    Column("completed", "completed", "int"),
+    Column("rejected", "rejected", "int"),
+)
+
+
+def _fmt(value: float, kind: str) -> str:
+    if kind == "pct":
+        return f"{100.0 * value:.1f}%"
+    if kind == "int":
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+    if kind == "g":
+        return f"{value:.4g}"
+    return f"{value:.{int(kind[1])}f}"
+
+
+def format_cell(row: dict, col: Column) -> tuple[str, str, str]:
+    """``(shown value, "± half-width" or "", sort key)`` of one cell."""
+    value = row.get(col.key, "")
+    if col.kind == "text" or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return str(value), "", str(value)
+    if isinstance(value, float) and math.isnan(value):
+        return "–", "", ""
+    half = row.get(col.key + CI_SUFFIX)
+    ci = ""
+    if isinstance(half, float) and not math.isnan(half):
+        ci = "± " + _fmt(half, "f1" if col.kind == "int" else col.kind)
+    return _fmt(value, col.kind), ci, repr(float(value))
+
+
+def table_rows(rows: Sequence[dict], columns: Sequence[Column]) -> list[list[tuple[str, str, str]]]:
+    """Every row's formatted cells, in column order."""
+    return [[format_cell(r, c) for c in columns] for r in rows]

@@ -1,0 +1,344 @@
+"""Bounded-memory records for very large runs (``measure.records: aggregate``).
+
+A full run keeps one row per step and one per inter-token gap: about 16
+bytes per generated token, 7 GB for a million ShareGPT-like requests. With
+``aggregate`` records the engine writes into these sinks instead, which keep
+running totals and a histogram, so memory no longer grows with the run:
+
+- :class:`StepTotals` keeps the sums the summary's utilization figures need
+  (busy time, tokens, FLOPs, bytes, ...).
+- :class:`ItlAggregate` keeps the count, sum and sum of squares of the
+  measured requests' gaps and a log-spaced histogram (bins 0.1% wide), from
+  which ITL percentiles are read to within 0.05%.
+
+Determinism: each replica's records are reduced in fixed chunks of its own
+steps (and of its own gaps), then chunk sums are added in order and replicas
+in index order. Records arrive per replica in step order, one step or (from
+the compiled core) one block at a time, and blocks are split at chunk
+boundaries, so every total is bit-identical across engines and replica
+interleavings.
+
+What differs from full records: no steps.csv and no per-gap frame (reports
+that plot ITL distributions need full records), and a request counts for ITL
+by its arrival in the measurement window, so with a horizon the gaps of
+requests still running when it cuts the run are included (full records keep
+completed requests only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from batchsim.sim.records import STEP_FIELDS
+from batchsim.sim.records import write_waiting
+
+__all__ = ["StepTotals", "ItlAggregate", "STEP_CHUNK", "ITL_CHUNK"]
+
+STEP_CHUNK = 4096
+ITL_CHUNK = 1 << 16
+_ITL_G0 = 1e-7  # gaps at or below 0.1 us share the first bin
+_ITL_WIDTH = math.log1p(1e-3)  # each bin is 0.1% wider than the last
+_WAITING_GAPS = 1 << 14  # listed gaps written at a time (at most)
+
+_SUMS = ("busy", "compute_s", "memory_s", "useful_flops", "bytes")
+_INTS = ("prefill_tokens", "decode_tokens", "padding_tokens", "num_seqs", "out_of_range", "steps")
+
+# The step fields the totals read ("busy" is end - start), by position in
+# STEP_FIELDS: only these are kept.
+_STEP_NAMES = [f for f, _ in STEP_FIELDS]
+_KEEP = tuple(_STEP_NAMES.index(f) for f in ("start", "end") + _SUMS[1:] + _INTS[:-1])
+_KEEP_DTYPES = tuple(STEP_FIELDS[i][1] for i in _KEEP)
+_START, _END = 0, 1  # positions in the kept columns
+_SUM_COLS = tuple(enumerate(_SUMS[1:], 2))
+_INT_COLS = tuple(enumerate(_INTS[:-1], 2 + len(_SUMS) - 1))
+
+
+class _Chunk:
+    """One replica's unfinished chunk.
+
+    Its first ``n`` rows are in ``arrays``. Then come ``waiting`` values (step
+    rows as appended, or gaps from lists), not yet written, and ``skipped``
+    rows that blocks wrote meanwhile straight to their places: ``(i, k)`` in
+    ``skips`` is k rows after the first i waiting ones. ``_Chunked._settle``
+    writes the waiting values to the places kept for them.
+    """
+
+    __slots__ = ("arrays", "n", "waiting", "skips", "skipped")
+
+    def __init__(self, dtypes, size: int) -> None:
+        self.arrays = [np.empty(size, dtype=dt) for dt in dtypes]
+        self.n = 0
+        self.waiting: list = []
+        self.skips: list[tuple[int, int]] = []
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return self.n + len(self.waiting) + self.skipped
+
+
+class _Chunked:
+    """Per-replica fixed-size chunks; subclasses reduce a full chunk.
+
+    Every value is converted exactly as ``array[i] = value`` would convert it
+    and lands in the same place of the same chunk as if each row were written
+    as it came, so waiting before being written changes nothing.
+    """
+
+    def __init__(self, replicas: int, dtypes, chunk: int) -> None:
+        self._chunk = chunk
+        self._bufs = [_Chunk(dtypes, chunk) for _ in range(replicas)]
+
+    def _add(self, replica: int, columns, count: int) -> None:
+        """Write ``count`` rows (arrays of at least ``count`` values, or
+        scalars) after the replica's rows so far, reducing each full chunk."""
+        buf, chunk = self._bufs[replica], self._chunk
+        waiting = len(buf.waiting)
+        n = buf.n + waiting + buf.skipped
+        if n + count < chunk:  # fits in the chunk: no slicing
+            s = slice(n, n + count)
+            try:
+                for a, c in zip(buf.arrays, columns):
+                    a[s] = c
+            except ValueError:  # an array longer than count: its first count values, below
+                pass
+            else:
+                if waiting:
+                    buf.skips.append((waiting, count))
+                    buf.skipped += count
+                else:
+                    buf.n = n + count
+                return
+        if waiting:
+            self._settle(replica, buf)
+        done = 0
+        while done < count:
+            n = buf.n
+            take = min(count - done, chunk - n)
+            for a, c in zip(buf.arrays, columns):
+                a[n:n + take] = c[done:done + take] if isinstance(c, np.ndarray) else c
+            buf.n = n + take
+            done += take
+            if buf.n == chunk:
+                self._reduce(replica, buf)
+                buf.n = 0
+
+    def _waiting_columns(self, waiting: list) -> list:  # pragma: no cover - abstract
+        """The waiting values, one sequence per column."""
+        raise NotImplementedError
+
+    def _settle(self, replica: int, buf: _Chunk) -> None:
+        """Write the waiting values to their places; those past the chunk's
+        end (gaps only) go on into the next chunks."""
+        waiting = buf.waiting
+        k = len(waiting)
+        if not k:
+            return
+        columns = self._waiting_columns(waiting)
+        buf.waiting = []
+        n, chunk = buf.n, self._chunk
+        fit = min(k, chunk - n - buf.skipped)
+        part = columns if fit == k else [v[:fit] for v in columns]
+        write_waiting(buf.arrays, n, part, buf.skips)
+        buf.n = n + fit + buf.skipped
+        buf.skips = []
+        buf.skipped = 0
+        if buf.n == chunk:
+            self._reduce(replica, buf)
+            buf.n = 0
+        if fit < k:
+            self._add(replica, [np.array(v[fit:], dtype=a.dtype) for a, v in zip(buf.arrays, columns)], k - fit)
+
+    def _flush(self) -> None:
+        for i, buf in enumerate(self._bufs):
+            self._settle(i, buf)
+            if buf.n:
+                self._reduce(i, buf)
+                buf.n = 0
+
+    def _reduce(self, replica: int, buf: _Chunk) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class StepTotals(_Chunked):
+    """Running sums of the step records (the ``StepLog`` interface: append, extend)."""
+
+    def __init__(self, replicas: int) -> None:
+        super().__init__(replicas, _KEEP_DTYPES, STEP_CHUNK)
+        self._f = [dict.fromkeys(_SUMS, 0.0) for _ in range(replicas)]
+        self._i = [dict.fromkeys(_INTS, 0) for _ in range(replicas)]
+        self.max_end = -math.inf
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, *values) -> None:
+        # the row waits whole; _settle writes the kept fields of many at once
+        self._count += 1
+        buf = self._bufs[values[0]]
+        waiting = buf.waiting
+        waiting.append(values)
+        if buf.n + len(waiting) + buf.skipped == STEP_CHUNK:
+            self._settle(values[0], buf)
+
+    def extend(self, *columns, count: int | None = None) -> None:
+        k = len(columns[0]) if count is None else count
+        if not k:
+            return
+        self._count += k
+        replica = columns[0]
+        replica = int(replica[0]) if isinstance(replica, np.ndarray) else int(replica)
+        self._add(replica, [columns[i] for i in _KEEP], k)
+
+    def _waiting_columns(self, rows: list) -> list:
+        fields = list(zip(*rows))
+        return [fields[i] for i in _KEEP]
+
+    def _reduce(self, replica: int, buf: _Chunk) -> None:
+        n, arrays = buf.n, buf.arrays
+        cols = arrays if n == self._chunk else [a[:n] for a in arrays]
+        end = cols[_END]
+        f, i = self._f[replica], self._i[replica]
+        f["busy"] += float((end - cols[_START]).sum())
+        for j, name in _SUM_COLS:
+            f[name] += float(cols[j].sum())
+        for j, name in _INT_COLS:
+            i[name] += int(cols[j].sum())
+        i["steps"] += n
+        self.max_end = max(self.max_end, float(end.max()))
+
+    def totals(self) -> dict:
+        """Sums over every replica (replicas in index order)."""
+        self._flush()
+        out: dict = dict.fromkeys(_SUMS, 0.0) | dict.fromkeys(_INTS, 0)
+        for f, i in zip(self._f, self._i):
+            for k, v in f.items():
+                out[k] += v
+            for k, v in i.items():
+                out[k] += v
+        # the keys of batchsim.sim.metrics.step_sums, which utilization reads
+        out["op_time"] = out["compute_s"] + out["memory_s"]
+        out["billed"] = float(out["prefill_tokens"] + out["decode_tokens"] + out["padding_tokens"])
+        out["useful"] = float(out["prefill_tokens"] + out["decode_tokens"])
+        out["mean_batch_size"] = out["num_seqs"] / out["steps"] if out["steps"] else 0.0
+        out["max_end"] = self.max_end
+        return out
+
+
+class _ItlSink:
+    """What one replica's engine writes gaps into (``ItlLog``'s ``extend``)."""
+
+    __slots__ = ("_agg", "_replica", "_buf")
+
+    def __init__(self, agg: "ItlAggregate", replica: int) -> None:
+        self._agg, self._replica = agg, replica
+        self._buf = agg._bufs[replica]
+
+    def extend(self, rids, gaps) -> None:
+        agg = self._agg
+        if type(gaps) is list and agg._all_measured:  # a step's gaps: they wait in a list
+            buf = self._buf
+            waiting = buf.waiting
+            waiting += gaps
+            k = len(waiting)
+            if k >= _WAITING_GAPS or buf.n + k + buf.skipped >= ITL_CHUNK:
+                agg._settle(self._replica, buf)
+            return
+        agg._gaps(self._replica, rids, gaps)
+
+
+class ItlAggregate(_Chunked):
+    """Count, sums and a log histogram of the measured requests' inter-token gaps."""
+
+    def __init__(self, replicas: int, measured: np.ndarray) -> None:
+        super().__init__(replicas, ("f8",), ITL_CHUNK)
+        self._measured = measured
+        self._all_measured = bool(np.all(measured))
+        # where the measured rids are one run lo..hi-1 (measured by arrival
+        # time, rids in arrival order), a list's rids are checked by min and max
+        idx = np.flatnonzero(measured)
+        lo = int(idx[0]) if len(idx) else 0
+        self._run = (lo, lo + len(idx)) if len(idx) and int(idx[-1]) - lo + 1 == len(idx) else None
+        self._sum = [0.0] * replicas
+        self._sq = [0.0] * replicas
+        self._n = [0] * replicas
+        self._hist = np.zeros(1 << 15, dtype=np.int64)
+
+    def sink(self, replica: int) -> _ItlSink:
+        return _ItlSink(self, replica)
+
+    def __len__(self) -> int:
+        return sum(self._n) + sum(len(b) for b in self._bufs)
+
+    def _gaps(self, replica: int, rids, gaps) -> None:
+        if (self._run is not None and type(gaps) is list and type(rids) is list
+                and len(rids) == len(gaps)):
+            if not gaps:
+                return
+            lo, hi = self._run
+            if lo <= min(rids) and max(rids) < hi:  # all measured: they wait in a list
+                buf = self._bufs[replica]
+                waiting = buf.waiting
+                waiting += gaps
+                k = len(waiting)
+                if k >= _WAITING_GAPS or buf.n + k + buf.skipped >= ITL_CHUNK:
+                    self._settle(replica, buf)
+                return
+        if not self._all_measured:
+            keep = self._measured[np.asarray(rids, dtype=np.int64)]
+            if not keep.all():
+                gaps = np.asarray(gaps, dtype=np.float64)[keep]
+        gaps = np.asarray(gaps, dtype=np.float64)
+        if len(gaps):
+            self._add(replica, (gaps,), len(gaps))
+
+    def _waiting_columns(self, gaps: list) -> list:
+        return [gaps]
+
+    def _reduce(self, replica: int, buf: _Chunk) -> None:
+        n = buf.n
+        g = buf.arrays[0] if n == self._chunk else buf.arrays[0][:n]
+        self._sum[replica] += float(g.sum())
+        self._sq[replica] += float((g * g).sum())
+        self._n[replica] += len(g)
+        b = self._bin(g)
+        top = int(b.max()) + 1
+        if top > len(self._hist):
+            self._hist = np.concatenate((self._hist, np.zeros(top - len(self._hist), dtype=np.int64)))
+        self._hist[:top] += np.bincount(b, minlength=top)
+
+    @staticmethod
+    def _bin(g: np.ndarray) -> np.ndarray:
+        return np.floor(np.log(np.maximum(g, _ITL_G0) / _ITL_G0) / _ITL_WIDTH).astype(np.int64)
+
+    def stats(self, prefix: str, percentiles) -> dict[str, float]:
+        """``mean_/std_/median_/pNN_{prefix}_ms`` as :func:`batchsim.sim.metrics._stats` names them."""
+        self._flush()
+        n = sum(self._n)
+        out = {f"mean_{prefix}_ms": 0.0, f"std_{prefix}_ms": 0.0}
+        if not n:
+            out.update({("median" if p == 50 else f"p{p}") + f"_{prefix}_ms": 0.0 for p in percentiles})
+            return out
+        total = sq = 0.0
+        for s, q in zip(self._sum, self._sq):
+            total += s
+            sq += q
+        mean = total / n
+        out[f"mean_{prefix}_ms"] = mean * 1000.0
+        out[f"std_{prefix}_ms"] = math.sqrt(max(sq / n - mean * mean, 0.0)) * 1000.0
+        cum = np.cumsum(self._hist)
+        for p in percentiles:
+            rank = p / 100.0 * (n - 1)  # numpy's default (linear) percentile
+            lo, hi = math.floor(rank), math.ceil(rank)
+            v_lo, v_hi = self._value(cum, lo), self._value(cum, hi)
+            key = "median" if p == 50 else f"p{p}"
+            out[f"{key}_{prefix}_ms"] = (v_lo + (v_hi - v_lo) * (rank - lo)) * 1000.0
+        return out
+
+    @staticmethod
+    def _value(cum: np.ndarray, index: int) -> float:
+        """The gap at sorted position ``index``: its bin's geometric centre."""
+        b = int(np.searchsorted(cum, index, "right"))
+        return _ITL_G0 * math.exp((b + 0.5) * _ITL_WIDTH)

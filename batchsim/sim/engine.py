@@ -1,0 +1,333 @@
+"""The SimPy kernel: an arrival process, a router and one process per replica.
+
+A replica's loop is the whole engine: ask the policy for a plan, apply its
+admission part (release, reject, preempt, admit and grow KV), build the
+step's shape, price it, ``yield env.timeout(seconds)``, then apply the result
+(tokens advance, first tokens and completions are stamped, KV is freed) and
+record the step. One SimPy event per step and no policy logic here. This is
+the reference: the compiled core (batchsim/core/_core.c) reproduces it event for event
+for the built-in policies.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Sequence
+
+import numpy as np
+import simpy
+
+from batchsim.sim.kv import PagedKVCache
+from batchsim.sim.protocols import CostModel, Policy, PolicyError
+from batchsim.sim.records import ItlLog, StepLog
+from batchsim.sim.state import COMPLETED, REJECTED, Seq
+from batchsim.sim.types import BatchPlan, StepShape, Workload
+
+__all__ = ["Replica", "Cluster", "PolicyError", "too_long", "over_kv", "queue_full"]
+
+
+# Why the engine rejects a request (the compiled core's records give the same words: batchsim.core)
+def too_long(total: int, max_model_len: int) -> str:
+    return f"prompt+output {total} > max_model_len {max_model_len}"
+
+
+def over_kv(total: int, capacity_tokens: int) -> str:
+    return f"prompt+output {total} tokens > KV capacity {capacity_tokens}"
+
+
+def queue_full(max_queue_len: int) -> str:
+    return f"queue full ({max_queue_len} waiting)"
+
+
+class _View:
+    """The read-only window a policy gets onto its replica."""
+
+    __slots__ = ("_env", "waiting", "running", "kv", "max_model_len")
+
+    def __init__(self, env, waiting, running, kv, max_model_len) -> None:
+        self._env, self.waiting, self.running = env, waiting, running
+        self.kv, self.max_model_len = kv, max_model_len
+
+    @property
+    def now(self) -> float:
+        return self._env.now
+
+
+class Replica:
+    """One model replica: a policy, a KV cache and a cost model."""
+
+    def __init__(self, env: simpy.Environment, index: int, policy: Policy, cost: CostModel,
+                 kv: PagedKVCache, max_model_len: int, steps: StepLog, itl: ItlLog) -> None:
+        self.env, self.index, self.policy, self.cost, self.kv = env, index, policy, cost, kv
+        self.max_model_len = max_model_len
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.seqs: dict[int, Seq] = {}
+        self.steps, self.itl = steps, itl
+        self.view = _View(env, self.waiting, self.running, kv, max_model_len)
+        self.outstanding = 0  # admitted to this replica and not yet done (what routers balance)
+        self._admissions = 0
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self._loop())
+
+    # -- arrivals -------------------------------------------------------------
+    def enqueue(self, seq: Seq) -> None:
+        """Accept a routed request (or reject one that can never fit)."""
+        seq.replica = self.index
+        total = seq.prompt_tokens + seq.output_tokens
+        if total > self.max_model_len:
+            return self.reject(seq, too_long(total, self.max_model_len))
+        if self.kv.blocks_needed(seq, total) > self.kv.total_blocks:
+            return self.reject(seq, over_kv(total, self.kv.total_blocks * self.kv.block_size))
+        self.seqs[seq.rid] = seq
+        self.waiting.append(seq)
+        self.outstanding += 1
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def reject(self, seq: Seq, reason: str) -> None:
+        """Mark ``seq`` rejected: it leaves without running."""
+        seq.status, seq.reason = REJECTED, reason
+
+    # -- the loop -------------------------------------------------------------
+    def _loop(self):
+        env = self.env
+        admin_only = 0
+        while True:
+            if self.kv.prefix_caching:
+                self._peek()
+            plan = self.policy.schedule(self.view)
+            preempted = self._admit(plan)
+            if not plan.num_tokens:
+                if plan.release or plan.reject or plan.preempt:
+                    # The plan changed state without a step: ask again now.
+                    admin_only += 1
+                    if admin_only > 100_000:
+                        raise PolicyError(f"{self.policy.name}: no step after 100000 plans")
+                    continue
+                yield from self._idle(plan)
+                continue
+            admin_only = 0
+            shape, useful = self._grow_and_shape(plan)
+            start = env.now
+            cost = self.price(plan, shape)
+            useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
+            yield env.timeout(cost.seconds)
+            self._advance(plan)
+            self._record(plan, shape, cost, useful_flops, start, preempted)
+
+    def price(self, plan: BatchPlan, shape: StepShape):
+        """What the step costs. The reference executor (batchsim.calibrate.executor)
+        overrides this to run the plan on a real model and time it."""
+        return self.cost.price(shape)
+
+    def _peek(self, depth: int = 256) -> None:
+        # NOTE: only the head of the queue is looked up each round: policies
+        # admit from the front, and a deep lookup per step would cost O(queue).
+        kv = self.kv
+        for i, seq in enumerate(self.waiting):
+            if i >= depth:
+                break
+            seq.num_computed = 0  # waiting sequences hold no KV; re-count their cached prefix
+            kv.peek(seq)
+
+    def _idle(self, plan: BatchPlan):
+        now = self.env.now
+        self._wake = self.env.event()
+        events = [self._wake]
+        if plan.idle_until is not None:
+            if plan.idle_until <= now:
+                raise PolicyError(f"{self.policy.name}: idle_until {plan.idle_until} is not after now {now}")
+            events.append(self.env.timeout(plan.idle_until - now))
+        yield self.env.any_of(events)
+        self._wake = None
+
+    def _check_names(self, plan: BatchPlan) -> None:
+        """Every rid a plan names is on this replica, and none is both rejected and scheduled."""
+        seqs, name = self.seqs, self.policy.name
+        for what, rids in (("scheduled", plan.num_tokens), ("rejected", plan.reject),
+                           ("preempted", plan.preempt), ("released", plan.release)):
+            for rid in rids:
+                if rid not in seqs:
+                    raise PolicyError(f"{name}: {what} rid {rid} is not waiting or running on this replica")
+        for rid in plan.reject:
+            if rid in plan.num_tokens:
+                raise PolicyError(f"{name}: rid {rid} is both rejected and scheduled")
+
+    def _admit(self, plan: BatchPlan) -> int:
+        """Apply release, reject, preempt, then admit; returns how many were preempted."""
+        now, seqs, kv = self.env.now, self.seqs, self.kv
+        self._check_names(plan)
+        for rid in plan.release:
+            seq = seqs.pop(rid)
+            if not seq.finished:
+                raise PolicyError(f"{self.policy.name}: released rid {rid} has not finished")
+            self.running.remove(seq)
+            seq.is_running = False
+            kv.free(rid)
+            if plan.complete_on_release:
+                seq.completion = now
+            self.outstanding -= 1
+        if plan.reject:
+            for rid, reason in plan.reject.items():
+                seq = seqs.pop(rid)
+                self.waiting.remove(seq)
+                self.reject(seq, reason)
+                self.outstanding -= 1
+        if plan.preempt:
+            victims = [seqs[rid] for rid in plan.preempt]
+            for seq in victims:
+                if not seq.is_running:
+                    raise PolicyError(f"{self.policy.name}: preempted rid {seq.rid} is not running")
+                seq.is_running = False
+                self.running.remove(seq)
+                kv.free(seq.rid)
+                seq.num_computed = 0
+                seq.num_preemptions += 1
+            self.waiting.extendleft(reversed(victims))
+        admitted = [s for s in map(seqs.__getitem__, plan.num_tokens) if not s.is_running]
+        self._take_from_waiting(admitted)
+        for seq in admitted:
+            seq.is_running = True
+            seq.order = self._admissions
+            self._admissions += 1
+            if seq.admitted is None:
+                seq.admitted = now
+        if kv.prefix_caching:
+            # NOTE: pin every admission's cached prefix before any allocation,
+            # so one admission's eviction can't take what peek promised another.
+            for seq in admitted:
+                kv.pin(seq)
+        self.running.extend(admitted)
+        return len(plan.preempt)
+
+    def _take_from_waiting(self, admitted: list[Seq]) -> None:
+        if not admitted:
+            return
+        waiting = self.waiting
+        # NOTE: FCFS admissions are a prefix of the queue: pop them in O(k);
+        # any other order falls back to one O(n) rebuild.
+        k = len(admitted)
+        if all(waiting[i] is admitted[i] for i in range(min(k, len(waiting)))) and k <= len(waiting):
+            for _ in range(k):
+                waiting.popleft()
+            return
+        ids = {id(s) for s in admitted}
+        keep = [s for s in waiting if id(s) not in ids]
+        if len(keep) + k != len(waiting):
+            raise PolicyError(f"{self.policy.name}: scheduled a sequence that is neither waiting nor running")
+        waiting.clear()
+        waiting.extend(keep)
+
+    def _grow_and_shape(self, plan: BatchPlan) -> tuple[StepShape, StepShape | None]:
+        """Check each row, grow its KV and build the step's shape; with padding or
+        billed context, also the useful rows' shape (for the useful FLOPs)."""
+        seqs, kv, reserve = self.seqs, self.kv, plan.reserve
+        ctx, sampled = [], 0
+        for rid, q in plan.num_tokens.items():
+            seq = seqs[rid]
+            c = seq.num_computed
+            total = c + q
+            if q < 1 or total > seq.num_tokens:
+                raise PolicyError(f"{self.policy.name}: rid {rid} scheduled {q} tokens with "
+                                  f"{seq.pending} pending")
+            kv.grow(rid, max(reserve.get(rid, 0), total) if reserve else total)
+            ctx.append(c)
+            if total == seq.num_tokens:
+                sampled += 1
+        pad, billed = plan.padding, plan.context
+        q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=len(ctx))
+        kv_arr = np.array(ctx, dtype=np.int64)
+        if not pad and not billed:
+            return StepShape(q=q_arr, kv=kv_arr, sampled=sampled), None
+        useful = StepShape(q=q_arr, kv=kv_arr, sampled=sampled)
+        if billed:
+            kv_arr = np.array([billed.get(rid, c) for rid, c in zip(plan.num_tokens, ctx)], dtype=np.int64)
+        q_all = np.concatenate([q_arr, np.array([p[0] for p in pad], dtype=np.int64)])
+        kv_all = np.concatenate([kv_arr, np.array([p[1] for p in pad], dtype=np.int64)])
+        return StepShape(q=q_all, kv=kv_all, sampled=sampled + sum(1 for p in pad if p[2])), useful
+
+    def _advance(self, plan: BatchPlan) -> None:
+        """Apply a finished step: tokens advance, stamps, completions."""
+        now, seqs = self.env.now, self.seqs
+        prefix = self.kv.prefix_caching
+        done, gap_rids, gaps = [], [], []
+        for rid, q in plan.num_tokens.items():
+            seq = seqs[rid]
+            c = seq.num_computed + q
+            seq.num_computed = c
+            if prefix and c - q < seq.prompt_tokens:
+                self.kv.register(seq)
+            if c != seq.num_tokens:
+                continue
+            g = seq.num_generated + 1
+            seq.num_generated = g
+            seq.num_tokens = c + 1
+            last = seq.last_token
+            if last is None:
+                seq.first_token = now
+            else:
+                gap = now - last
+                gap_rids.append(rid)
+                gaps.append(gap)
+                if gap > seq.max_itl:
+                    seq.max_itl = gap
+            seq.last_token = now
+            if g >= seq.output_tokens:
+                seq.finished = True
+                seq.status = COMPLETED
+                seq.completion = now
+                if not plan.hold_finished:
+                    done.append(seq)
+        if gaps:
+            self.itl.extend(gap_rids, gaps)
+        for seq in done:
+            seq.is_running = False
+            self.running.remove(seq)
+            self.kv.free(seq.rid)
+            del seqs[seq.rid]
+        self.outstanding -= len(done)
+
+    def _record(self, plan, shape, cost, useful_flops, start, preempted) -> None:
+        useful_q = shape.q[: len(plan.num_tokens)]
+        kv_ctx = shape.kv[: len(plan.num_tokens)]
+        decode = int(((useful_q == 1) & (kv_ctx > 0)).sum())
+        prefill = int(useful_q.sum()) - decode
+        padding = int(shape.q.sum()) - prefill - decode
+        self.steps.append(
+            self.index, start, self.env.now, len(plan.num_tokens), shape.num_rows,
+            prefill, decode, padding, cost.flops, useful_flops,
+            cost.bytes, cost.compute_s, cost.memory_s, cost.network_s, cost.overhead_s,
+            cost.out_of_range, self.kv.used_blocks, len(self.waiting), len(self.running), preempted,
+        )
+
+
+class Cluster:
+    """Replicas behind a router, fed by the workload's arrivals."""
+
+    def __init__(self, env: simpy.Environment, replicas: Sequence[Replica],
+                 route: Callable[[Sequence[Replica], Seq], int], workload: Workload,
+                 max_queue_len: int | None = None) -> None:
+        self.env, self.replicas, self.route = env, list(replicas), route
+        self.workload, self.max_queue_len = workload, max_queue_len
+        self.requests: list[Seq] = []
+        env.process(self._arrivals())
+
+    def _arrivals(self):
+        env, w = self.env, self.workload
+        arrival = w.arrival.tolist()
+        prompt = w.prompt_tokens.tolist()
+        output = w.output_tokens.tolist()
+        hashes = w.prefix_hashes
+        for rid in range(len(arrival)):
+            t = arrival[rid]
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            seq = Seq(rid, t, prompt[rid], output[rid], hashes[rid] if hashes is not None else None)
+            self.requests.append(seq)
+            replica = self.replicas[self.route(self.replicas, seq)]
+            if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
+                seq.replica = replica.index
+                replica.reject(seq, queue_full(self.max_queue_len))
+                continue
+            replica.enqueue(seq)

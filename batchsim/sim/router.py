@@ -1,0 +1,76 @@
+"""Routers: which replica gets an arriving request.
+
+Small strategies as functions (Ciw style). :func:`make_router` returns a
+callable ``route(replicas, seq) -> index``; stateful ones (round robin, the
+power-of-two sampler) close over their own counter or generator.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from batchsim.sim.errors import InputError
+
+__all__ = ["make_router", "ROUTERS"]
+
+Route = Callable[[Sequence, object], int]
+
+
+def _round_robin(_rng: np.random.Generator) -> Route:
+    counter = [0]
+
+    def route(replicas, seq) -> int:
+        i = counter[0] % len(replicas)
+        counter[0] += 1
+        return i
+
+    return route
+
+
+def _load(replica) -> tuple[int, int]:
+    """Outstanding requests, ties broken by index (deterministic)."""
+    return replica.outstanding, replica.index
+
+
+def _least_outstanding(_rng: np.random.Generator) -> Route:
+    def route(replicas, seq) -> int:
+        return min(replicas, key=_load).index
+
+    return route
+
+
+def _power_of_two(rng: np.random.Generator) -> Route:
+    def route(replicas, seq) -> int:
+        if len(replicas) == 1:
+            return 0
+        a, b = rng.choice(len(replicas), size=2, replace=False)
+        return min(replicas[int(a)], replicas[int(b)], key=_load).index
+
+    return route
+
+
+def _least_kv(_rng: np.random.Generator) -> Route:
+    def route(replicas, seq) -> int:
+        return min(replicas, key=lambda r: (r.kv.used_blocks / r.kv.total_blocks,
+                                            len(r.waiting), r.index)).index
+
+    return route
+
+
+ROUTERS: dict[str, Callable[[np.random.Generator], Route]] = {
+    "round_robin": _round_robin,
+    "least_outstanding": _least_outstanding,
+    "power_of_two": _power_of_two,
+    "least_kv": _least_kv,
+}
+
+
+def make_router(name: str, rng: np.random.Generator) -> Route:
+    """Build the router called ``name``."""
+    try:
+        return ROUTERS[name](rng)
+    except KeyError:
+        raise InputError(f"unknown router {name!r}; expected one of {', '.join(ROUTERS)}",
+                         "router") from None

@@ -1,7 +1,0 @@
-"""Reports from records: tables, plots and a self-contained HTML page.
-
-Reads only records (the request/step/ITL frames of ``sim.records`` and
-summary dicts); never imports SimPy, the policies or the cost model. The
-orchestration that produces the records lives in ``sim.compare`` and
-``sim.sweep``; see docs/reports.md.
-"""
