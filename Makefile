@@ -10,7 +10,7 @@ $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/activate pyproject.toml
+$(VENV)/.installed: $(BIN)/activate pyproject.toml setup.py batchsim/core/_core.c
 	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0 || echo "torch==2.13.0 unavailable: calibration tests will skip"
 	$(BIN)/pip install -q -e '.[dev,ray]' || $(BIN)/pip install -q -e '.[dev]'

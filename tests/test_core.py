@@ -220,23 +220,6 @@ def test_without_a_compiler_auto_falls_back_and_core_says_why(monkeypatch):
         simulate(sc, build_parts(sc))
 
 
-def test_the_library_is_built_once_into_the_cache_and_a_missing_compiler_is_reported(monkeypatch, tmp_path):
-    monkeypatch.setenv("BATCHSIM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(core, "_loaded", False)
-    monkeypatch.setattr(core, "_lib", None)
-    assert core.library() is not None
-    built = list((tmp_path / "cache").glob("core-*.so"))
-    assert len(built) == 1
-    monkeypatch.setattr(core, "_loaded", False)
-    assert core.library() is not None and list((tmp_path / "cache").glob("core-*.so")) == built  # reused
-    monkeypatch.setenv("BATCHSIM_CACHE", str(tmp_path / "other"))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(core, "_loaded", False)
-    monkeypatch.setattr(core, "_lib", None)
-    assert core.library() is None
-    assert "no-such-cc" in core.library_error()
-
-
 def test_many_idle_deadlines_pending_at_once(tmp_path):
     """Each arrival wakes an idle static replica, which idles again with the same deadline: the
     earlier deadline timeouts wait in the event queue (the core's grows past its first size)."""

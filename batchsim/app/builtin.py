@@ -9,4 +9,6 @@ __all__ = ["builtin_scenario_path"]
 
 def builtin_scenario_path() -> Path:
     """Path of the packaged example scenario (llama-3-8b chat traffic on an H100)."""
-    return Path(__file__).with_name("examples") / "builtin.yaml"
+    from batchsim.app.examples import examples_dir
+
+    return examples_dir() / "builtin.yaml"

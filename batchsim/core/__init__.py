@@ -1,4 +1,4 @@
-"""The compiled core: batchsim/core/_core.c, built on first use and driven through ctypes.
+"""The compiled core: batchsim/core/_core.c, built with the package and driven through ctypes.
 
 The SimPy engine (batchsim.sim.engine) runs any policy, router, cost model and KV
 cache, and is the reference. For a policy whose rules are a recipe
@@ -18,21 +18,25 @@ core knows, and the loaded rules (batchsim.core.rules: interpreter, engine, KV,
 routers, cost model, monkeypatches included) match the fingerprint the core
 was written for. Which engine runs: ``Scenario.engine`` (``auto``: the core
 when it can, else the SimPy engine, with the reason in the summary;
-``python``; ``core``: fail with the reason when it cannot). The library is
-compiled once per source version with ``$CC`` (default ``cc``) into
-``$BATCHSIM_CACHE`` (default ``~/.cache/batchsim``), with
-``-ffp-contract=off`` so the compiler never fuses a multiply and an add
+``python``; ``core``: fail with the reason when it cannot).
+
+Where the library comes from (:func:`library`): the one built with the
+package (setup.py: ``batchsim/core/_native*.so`` in a wheel or an editable
+install), if it was built from this ``_core.c``; else, in a checkout whose
+C source changed since, the user's own cache (``$BATCHSIM_CACHE``, default
+``~/.cache/batchsim``), compiled there once per source with ``$CC`` and
+checked to be the user's and private before it is loaded; never a shared
+temporary folder. Flags (batchsim/core/build.py) include
+``-ffp-contract=off``, so the compiler never fuses a multiply and an add
 (results must round exactly as Python's).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
+import stat
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,14 +44,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, request_frame
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
-__all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error"]
+__all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error", "library_path", "packaged_libraries"]
 
 _SOURCE = Path(__file__).with_name("_core.c")
-_FLAGS = ["-O2", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-finite-math-only"]
 
 _DONE, _FLUSH, _NEED_DENSE = 0, 1, 2
 _ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
@@ -79,6 +83,7 @@ _STEP_CAP = 16384  # step records per replica handed over at a time (fewer with 
 _GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
 
 _lib: ctypes.CDLL | None = None
+_lib_path: Path | None = None  # where the loaded library came from
 _active: tuple | None = None  # (library, state, arrays) of the run in progress (see progress)
 _lib_error: str | None = None
 _loaded = False
@@ -93,52 +98,113 @@ def _cache_dir() -> Path:
     return base / "batchsim"
 
 
-def _build() -> Path:
-    """Compile the core (once per source, flags, compiler and platform) and return the library's path."""
+def packaged_libraries() -> list[Path]:
+    """The core built with the package (setup.py), next to this file."""
+    here = Path(__file__).parent
+    return [p for p in (here / "_native.so", here / "_native.dll") if p.exists()]
+
+
+def _owned_and_private(path: Path, what: str) -> str | None:
+    """Why ``path`` is not safe to load from or build into (None when it is): it must be the
+    current user's and writable by nobody else, so no other local user can plant a library."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"{what} {path}: {exc.strerror or exc}"
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and st.st_uid != uid:
+        return f"{what} {path} belongs to uid {st.st_uid}, not to this user ({uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _user_cache(key: str) -> Path:
+    """The core built from this checkout's source into the user's own cache (created private,
+    checked before every load), compiling it with ``$CC`` when it is not there yet."""
+    d = _cache_dir()
+    if not d.exists():
+        try:
+            d.mkdir(parents=True, mode=0o700)
+        except OSError as exc:
+            raise RuntimeError(f"cannot create the cache folder {d}: {exc.strerror or exc}") from None
+    why = _owned_and_private(d, "cache folder")
+    if why:
+        raise RuntimeError(why)
+    lib = d / f"core-{key}.so"
+    if lib.exists():
+        why = _owned_and_private(lib, "library")
+        if why:
+            raise RuntimeError(why)
+        return lib
     cc = os.environ.get("CC", "cc")
-    src = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, " ".join(_FLAGS).encode(), cc.encode(),
-                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
-    for d in (_cache_dir(), Path(tempfile.gettempdir()) / f"batchsim-{os.getuid() if hasattr(os, 'getuid') else 0}"):
-        lib = d / f"core-{key}.so"
-        if lib.exists():
-            return lib
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+    os.close(fd)
+    try:
         try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        try:
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-        except OSError:
-            continue
-        os.close(fd)
-        try:
-            try:
-                proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True,
-                                      text=True, timeout=120)
-            except OSError as exc:
-                raise RuntimeError(f"C compiler {cc!r} not runnable: {exc}") from None
-            if proc.returncode != 0:
-                raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
-            os.replace(tmp, lib)  # atomic: concurrent builds of the same source agree
-            return lib
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    raise RuntimeError(f"no writable cache directory for the compiled core (tried {_cache_dir()})")
+            proc = subprocess.run([cc, *GCC_FLAGS, "-shared", f'-DCORE_SOURCE_KEY="{key}"', "-o", tmp,
+                                   str(_SOURCE), "-lm"], capture_output=True, text=True, timeout=120)
+        except OSError as exc:
+            raise RuntimeError(f"C compiler {cc!r} not runnable: {exc}") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+        os.chmod(tmp, 0o700)
+        os.replace(tmp, lib)  # atomic: concurrent builds of the same source agree
+        return lib
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _open(path: Path, key: str) -> ctypes.CDLL | str:
+    """The library at ``path`` if it was built from this source, else why not."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        return f"{path} does not load: {exc}"
+    try:
+        fn = lib.core_source_key
+    except AttributeError:
+        return f"{path} is not a batchsim core"
+    fn.restype, fn.argtypes = ctypes.c_char_p, []
+    built = fn().decode()
+    return lib if built == key else f"{path} was built from another source ({built}, this one is {key})"
 
 
 def library() -> ctypes.CDLL | None:
-    """The compiled core, building it on first use; None (see :func:`library_error`) when it cannot."""
-    global _lib, _lib_error, _loaded
+    """The compiled core (None, see :func:`library_error`, when there is none to use).
+
+    Loaded from inside the installed package (built with it: setup.py), or,
+    in a checkout whose ``_core.c`` changed since it was built, from the
+    user's own cache (built there with ``$CC``, its folder and file checked
+    to be the user's and private). Never from a shared temporary folder.
+    """
+    global _lib, _lib_error, _loaded, _lib_path
     if _loaded:
         return _lib
     _loaded = True
-    try:
-        lib = ctypes.CDLL(str(_build()))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        _lib_error = str(exc) or type(exc).__name__
-        return None
+    key = source_key(_SOURCE.read_bytes())
+    notes = []
+    lib = None
+    for path in packaged_libraries():
+        got = _open(path, key)
+        if isinstance(got, str):
+            notes.append(got)
+        else:
+            lib, _lib_path = got, path
+            break
+    if lib is None:
+        if not packaged_libraries():
+            notes.append("the package was installed without its compiled core")
+        try:
+            path = _user_cache(key)
+            got = _open(path, key)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            got = str(exc) or type(exc).__name__
+        if isinstance(got, str):
+            _lib_error = "; ".join(notes + [got])
+            return None
+        lib, _lib_path = got, path
     vp = ctypes.c_void_p
     lib.core_new.restype = vp
     lib.core_new.argtypes = [vp] * 14
@@ -160,6 +226,11 @@ def library() -> ctypes.CDLL | None:
     lib.core_free.argtypes = [vp]
     _lib = lib
     return lib
+
+
+def library_path() -> Path | None:
+    """Where the loaded core came from (after :func:`library` returned one)."""
+    return _lib_path
 
 
 def library_error() -> str | None:

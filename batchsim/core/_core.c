@@ -1601,6 +1601,12 @@ static const char CORE_RULES[] =
     "file:batchsim.sim.types 9ae84d5a349d\n";
 /* END RULES FINGERPRINT */
 
+/* Which source this library was built from (batchsim/core/build.py source_key). */
+#ifndef CORE_SOURCE_KEY
+#define CORE_SOURCE_KEY "unknown"
+#endif
+const char *core_source_key(void) { return CORE_SOURCE_KEY; }
+
 /* The rules this core implements (batchsim/core/rules.py compares them with the loaded Python). */
 const char *core_rules(void) { return CORE_RULES; }
 

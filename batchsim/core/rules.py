@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import os
 import importlib
 import inspect
 import re
@@ -170,11 +171,14 @@ def quick_fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> tuple[dict[str
     return table, patched
 
 
-_OURS = str(Path(__file__).resolve().parents[1])  # the folder that holds the rule modules' packages
-# (checked after the library paths: a virtual environment may live inside the project's folder)
+# the batchsim package folder (installed or a checkout), as imported and as resolved
+_OURS = tuple({str(p) + os.sep for p in (Path(__file__).parents[1], Path(__file__).resolve().parents[1])})
 
 
 def _library(where: str) -> bool:
+    """Code of a library, not of batchsim (whose own files may be installed among the libraries)."""
+    if where.startswith(_OURS):
+        return False
     return where == "<builtin>" or any(where.startswith(p) for p in _LIBRARY_PATHS)
 
 
@@ -193,11 +197,9 @@ def _origin(obj) -> str | None:
     else:  # a C function, a bound method or a library's callable object (np.add.reduce, typing.Callable)
         where = getattr(sys.modules.get(type(obj).__module__), "__file__", None) or "<builtin>"
         return None if _library(where) else "?"
-    if _library(where):
-        return None
     if where.startswith(_OURS):
         return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
-    return "?"
+    return None if _library(where) else "?"
 
 
 def _generated(fn) -> bool:
