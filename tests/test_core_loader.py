@@ -124,3 +124,29 @@ def test_without_a_compiler_or_core_auto_runs_python_and_says_why(fresh, monkeyp
     assert res.summary["engine"] == "python"
     assert "the compiled core could not be built" in res.summary["engine_reason"]
     assert "installed without its compiled core" in res.summary["engine_reason"]
+
+
+def test_a_symlinked_cache_folder_or_library_is_refused(fresh, monkeypatch):
+    monkeypatch.setattr(core, "packaged_libraries", lambda: [])
+    real = fresh / "real-cache"
+    real.mkdir(mode=0o700)
+    (fresh / "cache").symlink_to(real)
+    assert core.library() is None and "symlink" in core.library_error()
+    (fresh / "cache").unlink()
+    assert _reload() is not None  # builds into a real folder
+    lib = core.library_path()
+    moved = fresh / "elsewhere.so"
+    lib.rename(moved)
+    lib.symlink_to(moved)  # the library is now a symlink to a file of the user's
+    assert _reload() is None and "symlink is not loaded" in core.library_error()
+
+
+def test_a_cache_below_a_folder_others_can_write_is_refused(fresh, monkeypatch):
+    monkeypatch.setattr(core, "packaged_libraries", lambda: [])
+    shared = fresh / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # world-writable, not sticky: anyone could swap the folder below it
+    monkeypatch.setenv("BATCHSIM_CACHE", str(shared / "cache"))
+    assert core.library() is None and "writable by others and not sticky" in core.library_error()
+    os.chmod(shared, 0o1777)  # sticky, like /tmp: entries can only be replaced by their owner
+    assert _reload() is not None

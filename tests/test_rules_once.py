@@ -146,13 +146,15 @@ def test_a_changed_constant_or_strategy_entry_runs_on_the_simpy_engine(monkeypat
 
 
 @needs_core
-@pytest.mark.parametrize("patch", ["wraps", "imported_name", "runner_wiring", "alias"])
+@pytest.mark.parametrize("patch", ["wraps", "imported_name", "runner_wiring", "alias", "method_lambda",
+                                   "exec_method", "partialmethod"])
 def test_subtler_monkeypatches_run_on_the_simpy_engine(monkeypatch, patch):
     """Found by review: a functools.wraps wrapper, a rebound imported name, the runner's wiring, an alias."""
     import functools
 
     import batchsim.calibrate.costmodel
     import batchsim.policies.step
+    import batchsim.sim.kv
     import batchsim.sim.router
     import batchsim.app.runner
 

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import stat
+import sys
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -90,11 +92,13 @@ _loaded = False
 
 
 def _cache_dir() -> Path:
+    """``$BATCHSIM_CACHE``, else ``$XDG_CACHE_HOME/batchsim``, else ``~/.cache/batchsim``
+    (a relative XDG_CACHE_HOME is ignored, as the XDG spec says)."""
     env = os.environ.get("BATCHSIM_CACHE")
     if env:
-        return Path(env)
+        return Path(env).absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "batchsim"
 
 
@@ -104,18 +108,41 @@ def packaged_libraries() -> list[Path]:
     return [p for p in (here / "_native.so", here / "_native.dll") if p.exists()]
 
 
-def _owned_and_private(path: Path, what: str) -> str | None:
-    """Why ``path`` is not safe to load from or build into (None when it is): it must be the
-    current user's and writable by nobody else, so no other local user can plant a library."""
+_UID = os.getuid() if hasattr(os, "getuid") else None
+
+
+def _mine(st) -> bool:
+    return _UID is None or st.st_uid == _UID
+
+
+def _unsafe_path(folder: Path) -> str | None:
+    """Why ``folder`` is not a safe place for the user's libraries (None when it is).
+
+    The folder must be the user's, a real folder (not a symlink) and writable by nobody
+    else; every folder above it must be writable only by its owner or be sticky (like
+    /tmp), and every symlink on the way must be the user's or root's, so that no other
+    local user can swap in a folder of their own between the check and the load.
+    """
     try:
-        st = path.stat()
+        st = os.lstat(folder)
     except OSError as exc:
-        return f"{what} {path}: {exc.strerror or exc}"
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    if uid is not None and st.st_uid != uid:
-        return f"{what} {path} belongs to uid {st.st_uid}, not to this user ({uid})"
+        return f"cache folder {folder}: {exc.strerror or exc}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"cache folder {folder} is not a folder of its own (a symlink or a file)"
+    if not _mine(st):
+        return f"cache folder {folder} belongs to uid {st.st_uid}, not to this user ({_UID})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{what} {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        return f"cache folder {folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    for parent in folder.parents:
+        try:
+            pst = os.lstat(parent)
+        except OSError as exc:
+            return f"{parent}: {exc.strerror or exc}"
+        if stat.S_ISLNK(pst.st_mode) and not (_mine(pst) or pst.st_uid == 0):
+            return f"{parent} (above the cache folder) is a symlink of uid {pst.st_uid}"
+        if (stat.S_ISDIR(pst.st_mode) and pst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                and not pst.st_mode & stat.S_ISVTX):
+            return f"{parent} (above the cache folder) is writable by others and not sticky"
     return None
 
 
@@ -123,19 +150,16 @@ def _user_cache(key: str) -> Path:
     """The core built from this checkout's source into the user's own cache (created private,
     checked before every load), compiling it with ``$CC`` when it is not there yet."""
     d = _cache_dir()
-    if not d.exists():
-        try:
-            d.mkdir(parents=True, mode=0o700)
-        except OSError as exc:
-            raise RuntimeError(f"cannot create the cache folder {d}: {exc.strerror or exc}") from None
-    why = _owned_and_private(d, "cache folder")
+    try:
+        d.mkdir(parents=True, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise RuntimeError(f"cannot create the cache folder {d}: {exc.strerror or exc}") from None
+    why = _unsafe_path(d)
     if why:
         raise RuntimeError(why)
-    lib = d / f"core-{key}.so"
-    if lib.exists():
-        why = _owned_and_private(lib, "library")
-        if why:
-            raise RuntimeError(why)
+    # (per machine and OS: a home folder shared by an x86 and an arm machine keeps both)
+    lib = d / f"core-{key}-{platform.machine() or 'any'}-{sys.platform}.so"
+    if os.path.lexists(lib):
         return lib
     cc = os.environ.get("CC", "cc")
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
@@ -147,7 +171,8 @@ def _user_cache(key: str) -> Path:
         except OSError as exc:
             raise RuntimeError(f"C compiler {cc!r} not runnable: {exc}") from None
         if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+            raise RuntimeError(f"{cc} failed (exit status {proc.returncode}): "
+                               f"{proc.stderr.strip()[:500] or 'no output'}")
         os.chmod(tmp, 0o700)
         os.replace(tmp, lib)  # atomic: concurrent builds of the same source agree
         return lib
@@ -156,10 +181,33 @@ def _user_cache(key: str) -> Path:
             os.unlink(tmp)
 
 
-def _open(path: Path, key: str) -> ctypes.CDLL | str:
-    """The library at ``path`` if it was built from this source, else why not."""
+def _load_private(path: Path):
+    """Load a library of the user's cache without following a symlink to it, checking the very
+    file that is loaded (on Linux through /proc/self/fd, so nothing can swap it in between)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        lib = ctypes.CDLL(str(path))
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise RuntimeError(f"library {path}: {exc.strerror or exc} (a symlink is not loaded)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RuntimeError(f"library {path} is not a regular file")
+        if not _mine(st):
+            raise RuntimeError(f"library {path} belongs to uid {st.st_uid}, not to this user ({_UID})")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise RuntimeError(f"library {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+        via = f"/proc/self/fd/{fd}"
+        return ctypes.CDLL(via if os.path.exists(via) else str(path))
+    finally:
+        os.close(fd)
+
+
+def _open(path: Path, key: str, private: bool = False) -> ctypes.CDLL | str:
+    """The library at ``path`` if it was built from this source, else why not (``private``:
+    a library of the user's cache, loaded by :func:`_load_private`)."""
+    try:
+        lib = _load_private(path) if private else ctypes.CDLL(str(path))
     except OSError as exc:
         return f"{path} does not load: {exc}"
     try:
@@ -198,7 +246,7 @@ def library() -> ctypes.CDLL | None:
             notes.append("the package was installed without its compiled core")
         try:
             path = _user_cache(key)
-            got = _open(path, key)
+            got = _open(path, key, private=True)
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             got = str(exc) or type(exc).__name__
         if isinstance(got, str):

@@ -89,7 +89,7 @@ def _functions(obj) -> list[tuple[str, object]]:
             member = member.__func__
         if isinstance(member, property):
             out += [(f".{name}.{part}", f) for part, f in (("get", member.fget), ("set", member.fset)) if f]
-        elif isinstance(member, types.FunctionType):
+        elif isinstance(member, (types.FunctionType, functools.partial, functools.partialmethod)):
             out.append((f".{name}", member))
     return out
 
@@ -113,7 +113,22 @@ def _rules_of(mod) -> list[tuple[str, object]]:
 
 
 _SIMPLE = (int, float, str, bool, type(None))
-_LIBRARY_PATHS = tuple(sorted({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}))
+
+
+def _library_paths() -> tuple[str, ...]:
+    """Where libraries live: the standard library, site-packages (the interpreter's, the user's,
+    and any other on sys.path, e.g. through PYTHONPATH); never the current folder."""
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        import site
+        paths.add(site.getusersitepackages())
+    except (ImportError, AttributeError):  # pragma: no cover - embedded interpreters
+        pass
+    paths.update(p for p in sys.path if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages"))
+    return tuple(sorted(str(Path(p)) + os.sep for p in paths if p))
+
+
+_LIBRARY_PATHS = _library_paths()
 
 
 def _constant(value) -> bool:
@@ -205,16 +220,32 @@ def _origin(obj) -> str | None:
 def _generated(fn) -> bool:
     """A method made by a library from declarations (dataclass, NamedTuple, pydantic): the
     declarations are in the module's file, which is hashed whole."""
+    if not isinstance(fn, types.FunctionType):
+        return False
     where = fn.__code__.co_filename
     return where.startswith("<") or _library(where)
 
 
 def _as_defined(fn, path: str, qual: str) -> bool:
-    """Whether ``fn`` is the function the module's file defines under ``qual`` (not a monkeypatch)."""
+    """Whether ``fn`` is the function the module's file defines under ``qual`` (not a monkeypatch).
+
+    A method a library made from the class's declarations is accepted too: a dataclass's or
+    NamedTuple's (exec'd, named ``Class.method``) or one a library built in a closure (pydantic's
+    ``__hash__``); a lambda, an exec'd or REPL function, a partial or any function of another
+    file under the method's name is a patch.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return False
     code = fn.__code__
-    if code.co_filename != path:
-        return _generated(fn)
-    return code.co_name == fn.__name__ and (fn.__qualname__ == qual or "<locals>" in fn.__qualname__)
+    where = code.co_filename
+    if where == path:
+        return code.co_name == fn.__name__ and (fn.__qualname__ == qual or "<locals>" in fn.__qualname__)
+    if where.startswith("<"):
+        return fn.__qualname__ == qual and fn.__module__ != "__main__"
+    if _library(where):
+        return fn.__qualname__ == qual or ("<locals>" in fn.__qualname__
+                                           and not str(fn.__module__).startswith(("batchsim", "__main__")))
+    return False
 
 
 def fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> dict[str, str]:
