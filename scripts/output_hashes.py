@@ -56,7 +56,8 @@ def scenarios(requests: int) -> list[tuple[str, dict]]:
 def digest(out: Path) -> str:
     h = hashlib.sha256()
     summary = json.loads((out / "summary.json").read_text())
-    for k in ("engine", "engine_reason", "provenance"):
+    # (engine keys say which engine ran; warnings and rejected_by_reason were added in the ninth session)
+    for k in ("engine", "engine_reason", "provenance", "warnings", "rejected_by_reason"):
         summary.pop(k, None)
     h.update(json.dumps(summary, sort_keys=True).encode())
     for name in ("requests.csv", "steps.csv"):

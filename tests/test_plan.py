@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import pandas as pd
@@ -15,7 +16,8 @@ from batchsim.sim.errors import InputError
 from batchsim.app.capacity.planner import PlanSpec
 from batchsim.app.capacity.costs import cost_columns, load_prices, parse_prices, price_of
 from batchsim.app.capacity.grid import build_configs, parse_knobs, parse_names, parse_tps
-from batchsim.app.capacity.search import SLO_METRICS, parse_slos, search, verdict
+from batchsim.app.capacity.search import (FAIL, MIN_REQUESTS, NOT_EVALUABLE, PASS, REFUSED, SLO_METRICS, judge,
+                                          parse_slos, search, verdict)
 from batchsim.app.capacity.worker import point_key, queue_metrics
 from batchsim.reports.capacity import pareto_mask
 
@@ -46,12 +48,51 @@ def test_parse_slos_rejects(items, match):
 
 
 def test_verdict_fails_rejections_unfinished_and_incomplete_runs_first():
-    good = {"all_rejected": 0, "all_unfinished": 0, "measured_requests": 100, "completed": 100, "p99_ttft_ms": 90.0}
+    good = {"all_rejected": 0, "all_unfinished": 0, "measured_requests": 200, "completed": 200, "p99_ttft_ms": 90.0}
     assert verdict(good, {"p99_ttft_ms": 100}) == (True, "")
     assert verdict(good, {"p99_ttft_ms": 80}) == (False, "p99_ttft_ms 90 > 80")
     assert verdict({**good, "all_rejected": 2}, {"p99_ttft_ms": 100}) == (False, "2 requests rejected")
     assert verdict({**good, "all_unfinished": 1}, {}) == (False, "1 requests unfinished at the horizon")
-    assert verdict({**good, "completed": 98}, {}) == (False, "only 98 of 100 requests completed")
+    assert verdict({**good, "completed": 197}, {}) == (False, "only 197 of 200 requests completed")
+
+
+def test_judge_thin_or_empty_windows_and_null_metrics_are_not_evaluable():
+    good = {"all_rejected": 0, "all_unfinished": 0, "measured_requests": 200, "completed": 200, "p99_ttft_ms": 90.0}
+    empty = {**good, "measured_requests": 0, "completed": 0, "p99_ttft_ms": None}
+    status, why = judge(empty, {"p99_ttft_ms": 100})
+    assert status == NOT_EVALUABLE and why.startswith("no request arrived in the measured window")
+    assert verdict(empty, {"p99_ttft_ms": 100})[0] is False  # never a pass, though 0.0 ms "met" it before
+    status, why = judge({**good, "measured_requests": 99, "completed": 99}, {"p99_ttft_ms": 100})
+    assert status == NOT_EVALUABLE and why.startswith("only 99 requests completed in the measured window, fewer than 100")
+    assert judge({**good, "measured_requests": 99, "completed": 99}, {"p99_ttft_ms": 100}, min_requests=50) == (PASS, "")
+    assert judge({**good, "p99_tpot_ms": None}, {"p99_tpot_ms": 50}) == (
+        NOT_EVALUABLE, "p99_tpot_ms is null: no measured request has it")
+    assert MIN_REQUESTS == 100
+
+
+def test_judge_refuses_load_independent_rejections_unless_allowed():
+    m = {"num_requests": 300, "all_rejected": 12, "rejected": 12, "all_unfinished": 0, "measured_requests": 300,
+         "completed": 288, "p99_ttft_ms": 90.0, "all_rejected_by_reason": {"over max_num_batched_tokens": 12}}
+    status, why = judge(m, {"p99_ttft_ms": 100})
+    assert status == REFUSED
+    assert why == ("rejects 12 of 300 requests at any load (12 over max_num_batched_tokens); raise the limit, "
+                   "or plan with --allow-rejections")
+    # allowed: the completion rule counts only the requests that were not rejected
+    assert judge(m, {"p99_ttft_ms": 100}, allow_rejections=True) == (PASS, "")
+    # a full queue is overload: it fails the point whatever --allow-rejections says
+    full = {**m, "all_rejected_by_reason": {"queue full": 12}}
+    assert judge(full, {"p99_ttft_ms": 100}, allow_rejections=True) == (FAIL, "12 requests rejected (12 queue full)")
+
+
+def test_search_stops_at_a_point_it_cannot_evaluate():
+    # a fixed number of requests: above 10 req/s the warm-up leaves fewer than 100 in the window
+    def metrics(rate: float) -> dict:
+        done = max(0, int(500 - 40 * rate))
+        return {"measured_requests": done, "completed": done, "p99_ttft_ms": 10.0 if done else None}
+    out = search(metrics, {"p99_ttft_ms": 100}, 4.0)
+    assert out.status == NOT_EVALUABLE and out.capacity == 0.0 and out.metrics is None and out.limit_rate == 16.0
+    assert out.limit_reason.startswith("not evaluable at 16 req/s: no request arrived in the measured window")
+    assert out.limit_reason.endswith("(every SLO was met at 8 req/s, but the search cannot go past this point)")
 
 
 def step_metrics(capacity: float):
@@ -186,4 +227,36 @@ def test_queue_metrics_from_admission_times():
     assert q["max_queue_ms"] == pytest.approx(500.0) and q["median_queue_ms"] == pytest.approx(100.0)
     assert q["mean_queue_ms"] == pytest.approx(200.0)
     assert queue_metrics(req, warmup_s=0.5)["max_queue_ms"] == pytest.approx(500.0)
-    assert queue_metrics(req.iloc[:0])["p99_queue_ms"] == 0.0
+    assert queue_metrics(req.iloc[:0])["p99_queue_ms"] is None  # null, not 0: nothing was measured
+
+
+def test_plan_table_never_breaks_a_number_at_100_columns():
+    from rich.console import Console
+
+    from batchsim.reports.capacity import console_table
+
+    def row(config, e2e, status="ok", why="p99_ttft_ms 1754.4 > 1500"):
+        hw, tp, policy = config.split()
+        return {"config": config, "hardware": hw, "tp": int(tp[2:]), "policy": policy, "knobs": "", "status": status,
+                "capacity_rps": 46.38 if status == "ok" else 0.0, "output_tok_s": 12345.6, "p99_ttft_ms": 1391.2,
+                "p99_tpot_ms": 47.9, "p99_e2el_ms": e2e, "limit_rps": 48.31, "limit_reason": why, "points": 8,
+                "rejected": 0, "usd_per_gpu_hour": 2.95, "target_rps": 40.0, "replicas": 1, "gpus": 2,
+                "usd_per_hour": 5.9, "usd_per_1m_output_tokens": 0.132, "pareto": status == "ok"}
+    frame = pd.DataFrame([row("h100-sxm tp2 continuous", 19248.3), row("a100-80gb tp1 chunked_prefill", 38603.9),
+                          row("h200 tp1 continuous", None, "not evaluable",
+                              "not evaluable at 22.08 req/s: no request arrived in the measured window; raise "
+                              "workload.num_requests, or lower measure.warmup_s/cooldown_s")])
+    for width in (100, 80, 60):
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(console_table(frame, ["p99_ttft_ms", "p99_tpot_ms"], "p99_e2el_ms", 40.0, "plan"))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width
+        for number in ("38603.9", "19248.3", "1391.2", "46.38"):
+            assert number in text, (width, text)
+        if width == 100:
+            assert "47.9" in text and "0.132" in text and "why it failed" in text
+        assert "left out to fit" in text  # what did not fit is named, not cut
+    wide = Console(width=240, record=True, file=io.StringIO())
+    wide.print(console_table(frame, ["p99_ttft_ms", "p99_tpot_ms"], "p99_e2el_ms", 40.0, "plan"))
+    text = wide.export_text()
+    assert "left out" not in text and "12346" in text, text

@@ -111,7 +111,9 @@ def test_capacity_is_monotone_in_the_slo(tmp_path):
 
 def test_chunked_prefill_beats_continuous_under_a_tight_tbt_slo(tmp_path):
     path = scenario_file(tmp_path, TBT, "tbt")
-    spec = PlanSpec(slos={"p99_itl_ms": 25.0, "p99_ttft_ms": 3000.0}, policies=("continuous", "chunked_prefill"))
+    # 80 requests a point: judge them all (the default asks for 100 completed in the measured window)
+    spec = PlanSpec(slos={"p99_itl_ms": 25.0, "p99_ttft_ms": 3000.0}, policies=("continuous", "chunked_prefill"),
+                    min_requests=50)
     f = plan(load_scenario(path), spec, tmp_path / "out", executor="local", workers=2, show_progress=False).frame
     cap = dict(zip(f["policy"], f["capacity_rps"]))
     assert cap["chunked_prefill"] > 3 * cap["continuous"]
@@ -195,3 +197,59 @@ def test_cli_missing_price_fails_before_any_run(tmp_path, monkeypatch, capsys):
         main()
     assert e.value.code == 2 and "no price for hardware 'h200'" in capsys.readouterr().err
     assert not (tmp_path / "o" / "points").exists()
+
+
+def test_a_warmup_longer_than_every_run_reports_no_capacity(tmp_path):
+    """0 measured requests used to give 0.0 ms latencies that passed every SLO (capacity 361,758 req/s)."""
+    path = scenario_file(tmp_path, TINY, "tiny")
+    sc = load_scenario(path, ["measure.warmup_s=100000"])
+    res = plan(sc, PlanSpec(slos={"p99_ttft_ms": 500.0}), tmp_path / "o", executor="serial", show_progress=False)
+    row = res.frame.iloc[0]
+    assert row["status"] == "not evaluable" and row["capacity_rps"] == 0.0 and res.simulated == 1
+    assert row["usd_per_hour"] is None and row["p99_ttft_ms"] is None
+    assert "no request arrived in the measured window" in row["limit_reason"]
+    html = write_plan(res, tmp_path / "o")["plan.html"].read_text(encoding="utf-8")
+    check_html(html)
+    assert "Configurations without a capacity" in html and "NOT EVALUABLE" in html
+
+
+def test_cli_plan_with_a_warmup_past_the_fast_points_is_not_evaluable(tmp_path):
+    """The command from the issue: 500 requests a point, warm-up 30 s; fast points have an empty window."""
+    out = tmp_path / "plan"
+    res = CliRunner().invoke(app, ["plan", str(ROOT / "examples" / "plan-chat.yaml"), "--slo", "p99_ttft_ms=1500",
+                                   "--slo", "p99_tpot_ms=60", "--hardware", "h100-sxm", "--tp", "1",
+                                   "--set", "measure.warmup_s=30", "--target-rate", "40", "--executor", "serial",
+                                   "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "NOT EVALUABLE h100-sxm tp1 continuous: not evaluable at" in res.output
+    assert "no configuration is evaluable: no capacity is reported" in res.output
+    assert "361" not in res.output.split("NOT EVALUABLE")[0]  # no capacity in the table
+    import pandas as pd
+    row = pd.read_csv(out / "plan.csv").iloc[0]
+    assert row["status"] == "not evaluable" and row["capacity_rps"] == 0.0 and pd.isna(row["gpus"])
+
+
+REJECTING = TINY.replace("policy: {name: continuous, max_num_seqs: 64}",
+                         "policy: {name: continuous, max_num_seqs: 64, max_num_batched_tokens: 1024}")
+
+
+def test_a_config_that_rejects_requests_is_refused_unless_allowed(tmp_path):
+    path = scenario_file(tmp_path, REJECTING, "rej")
+    sc = load_scenario(path)
+    refused = plan(sc, PlanSpec(slos={"p99_ttft_ms": 2000.0}), tmp_path / "o", executor="serial",
+                   show_progress=False).frame.iloc[0]
+    assert refused["status"] == "rejects requests" and refused["capacity_rps"] == 0.0 and refused["points"] == 1
+    assert re.search(r"rejects \d+ of 100 requests at any load \(\d+ over max_num_batched_tokens\); raise the "
+                     r"limit, or plan with --allow-rejections", refused["limit_reason"]), refused["limit_reason"]
+    # allowed: 80 of the 100 requests are served, so ask for 50 completed in the window
+    allowed = plan(sc, PlanSpec(slos={"p99_tpot_ms": 40.0}, allow_rejections=True, min_requests=50),
+                   tmp_path / "o", executor="serial", show_progress=False)
+    row = allowed.frame.iloc[0]
+    assert row["status"] == "ok" and row["capacity_rps"] > 0 and row["rejected"] == int(refused["limit_reason"].split()[1])
+    cli = CliRunner().invoke(app, ["plan", str(path), "--slo", "p99_ttft_ms=2000", "--executor", "serial",
+                                   "--out", str(tmp_path / "o")])
+    assert cli.exit_code == 0, cli.output
+    assert "REJECTS h100-sxm tp1 continuous: rejects" in cli.output
+    cli = CliRunner().invoke(app, ["plan", str(path), "--slo", "p99_tpot_ms=40", "--executor", "serial",
+                                   "--allow-rejections", "--min-requests", "50", "--out", str(tmp_path / "o")])
+    assert cli.exit_code == 0 and "allowed by --allow-rejections" in cli.output, cli.output

@@ -30,7 +30,7 @@ SCENARIO = {
 def fake_runner(scenario, base_dir) -> dict:
     """A summary that moves with the policy's max_num_seqs: fewer slots, slower."""
     slots = scenario.policy.get("max_num_seqs", 256)
-    s = {"policy": scenario.policy["name"], "completed": 10, "rejected": 0, "unfinished": 0,
+    s = {"policy": scenario.policy["name"], "completed": 200, "rejected": 0, "unfinished": 0,
          "request_throughput": slots / 32.0, "output_throughput": 100.0 * slots / 32.0,
          "request_goodput": slots / 32.0, "num_steps": 500}
     for m in ("ttft", "tpot", "itl", "e2el"):
@@ -317,3 +317,54 @@ def test_model_given_as_path_is_hashed(tmp_path, monkeypatch):
     assert set(before) == {"scenario", "file:model"}
     (tmp_path / "m" / "config.json").write_text(json.dumps({"hidden_size": 128}))
     assert scenario_inputs(sc, tmp_path)["file:model"] != before["file:model"]
+
+
+# ---------------------------------------------------------- not evaluable
+
+
+def test_compare_a_null_metric_is_not_evaluable_on_either_side():
+    d1, d2, d3 = compare({"p99_ttft_ms": 0.0, "a_ms": None, "b_ms": None}, {"p99_ttft_ms": None, "a_ms": 5.0, "b_ms": None},
+                         ["p99_ttft_ms", "a_ms", "b_ms"], 0.02)
+    assert {d1.status, d2.status, d3.status} == {"not evaluable"} and d1.failed and d2.failed and d3.failed
+    assert d1.describe().startswith("p99_ttft_ms: null in this run (no measured request has it): not evaluable")
+    assert "null in the baseline and this run" in d3.describe()
+
+
+def test_a_thin_run_or_baseline_is_not_a_pass(tmp_path):
+    (tmp_path / "sc").mkdir()
+    sc = write_scenario(tmp_path / "sc" / "a.yaml")
+    base = tmp_path / "base.json"
+
+    def thin(scenario, base_dir):
+        return {**fake_runner(scenario, base_dir), "completed": 40}
+
+    regress([sc], base, update=True, runner=fake_runner)
+    rep = regress([sc], base, runner=thin)
+    assert rep.exit_code == 1
+    (problem,) = rep.scenarios[0].problems
+    assert problem.startswith("not evaluable in this run: only 40 requests completed in the measured window, "
+                              "fewer than 100")
+    assert regress([sc], base, runner=thin, min_requests=40).scenarios[0].problems == ()  # (completed regressed)
+    regress([sc], base, update=True, runner=thin)  # recorded anyway, and the gate still fails on it
+    rep = regress([sc], base, runner=thin)
+    assert rep.exit_code == 1
+    assert [p.split(":")[0] for p in rep.scenarios[0].problems] == ["not evaluable in this run",
+                                                                    "not evaluable in the baseline"]
+    with pytest.raises(InputError, match="--min-requests"):
+        regress([sc], base, runner=thin, min_requests=0)
+
+
+def test_a_null_gated_metric_recorded_in_the_baseline_fails(tmp_path):
+    (tmp_path / "sc").mkdir()
+    sc = write_scenario(tmp_path / "sc" / "a.yaml")
+    base = tmp_path / "base.json"
+
+    def no_tpot(scenario, base_dir):
+        return {**fake_runner(scenario, base_dir), "median_tpot_ms": None, "p99_tpot_ms": None}
+
+    regress([sc], base, update=True, runner=no_tpot)
+    assert json.loads(base.read_text())["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] is None
+    rep = regress([sc], base, runner=fake_runner)
+    bad = {d.metric: d.status for _, d in rep.rows("not evaluable")}
+    assert rep.exit_code == 1 and bad == {"median_tpot_ms": "not evaluable", "p99_tpot_ms": "not evaluable"}
+    assert "NOT EVALUABLE" not in to_markdown(rep) and "`p99_tpot_ms`" in to_markdown(rep)

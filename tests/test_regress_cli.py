@@ -146,3 +146,17 @@ def _fmt(v: float) -> str:
     from batchsim.reports.regression import fmt
 
     return fmt(v)
+
+
+def test_an_empty_measured_window_fails_the_gate(tmp_path, capsys, monkeypatch):
+    """0 measured requests used to record 0.0 ms latencies and then pass forever."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(SCENARIO + "measure: {warmup_s: 100000}\n")
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json", "--update")
+    assert code == 0 and "accepted by --update: not evaluable in this run" in out, out
+    assert json.loads((tmp_path / "base.json").read_text())["scenarios"]["s.yaml"]["metrics"]["p99_ttft_ms"] is None
+    code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json")
+    assert code == 1, out
+    assert "SCENARIO s.yaml: not evaluable in this run: only 0 requests completed in the measured window" in out
+    assert "NOT EVALUABLE s.yaml: p99_ttft_ms: null in the baseline and this run" in out
+    assert "OK" not in out.splitlines()[-1] and "FAILED" in out.splitlines()[-1]

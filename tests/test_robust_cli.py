@@ -36,6 +36,18 @@ def write_files(d: Path) -> None:
     (d / "t.csv").write_text("arrival,prompt_tokens,output_tokens\n0,10,5\n0.5,-3,5\n")
     (d / "trace.yaml").write_text("workload: {trace: {format: csv, path: t.csv}}\n")
     (d / "afile").write_text("")
+    (d / "dup.yaml").write_text(SCENARIO + "replicas: 1\nreplicas: 2\n")
+    (d / "adir").mkdir()
+    (d / "trdir.yaml").write_text("workload: {trace: {format: csv, path: adir}}\n")
+    (d / "notaplan.py").write_text(
+        "from batchsim.policies import PolicyConfig\n\n"
+        "class NotAPlan:\n"
+        "    name = 'not_a_plan'\n"
+        "    Config = PolicyConfig\n\n"
+        "    def __init__(self, config=None):\n"
+        "        self.config = config or PolicyConfig(name=self.name)\n\n"
+        "    def schedule(self, view):\n"
+        "        return None\n")
 
 
 # (id, arguments, the exact stderr). {d} is the case folder (also the working directory).
@@ -68,6 +80,35 @@ CASES = [
      "error: No such option: --bogus (Possible options: --out) (see 'batchsim run --help')"),
     ("option-bound", ["cost", "llama-3-8b", "h100-sxm", "--decode", "1000000000000"],
      "error: Invalid value for '--decode': Input should be less than or equal to 1000000 (see 'batchsim cost --help')"),
+    ("duplicate-key", ["run", "dup.yaml"],
+     "error: dup.yaml:3: not valid YAML: duplicate key 'replicas' (first at line 2); expected each key once"),
+    ("bool-count", ["run", "s.yaml", "--set", "workload.num_requests=true"],
+     "error: s.yaml: workload.num_requests: Input should be an integer, not a boolean (got True)"),
+    ("bool-knob", ["run", "s.yaml", "--set", "policy.max_num_seqs=true"],
+     "error: s.yaml: policy.max_num_seqs: got True; expected an integer, not a boolean"),
+    ("max-model-len", ["run", "s.yaml", "--set", "policy.max_model_len=100000"],
+     "error: s.yaml: policy.max_model_len: got 100000, above llama-3-8b's context length (max_position_embeddings "
+     "8192); expected at most 8192"),
+    ("block-size", ["run", "s.yaml", "--set", "policy.block_size=7"],
+     "error: s.yaml: policy.block_size: got 7; expected one of vLLM's block sizes 1, 8, 16, 32, 64, 128, 256"),
+    ("cost-does-not-fit", ["cost", "llama-3.1-405b", "h100-sxm", "--decode", "1", "--context", "10"],
+     "error: llama-3.1-405b (bf16) does not fit on h100-sxm at tp=1: 0.9 x 80 GiB = 72.0 GiB per GPU, but weights "
+     "take 756.0 GiB, runtime reserve 1.0 GiB and activations 3.3 GiB, leaving -688.3 GiB for the KV cache; raise "
+     "--tp or use a smaller dtype"),
+    ("scenario-folder", ["run", "adir"], "error: adir: is a folder; expected a scenario YAML file"),
+    ("baseline-folder", ["regress", "s.yaml", "--baseline", "adir"],
+     "error: --baseline adir: is a folder; expected a baseline JSON file"),
+    ("trace-folder", ["run", "trdir.yaml"], "error: adir: is a folder (resolved to {d}/adir); expected a trace file"),
+    ("profile-folder", ["run", "s.yaml", "--set", "hardware=adir"],
+     "error: adir: is a folder (resolved to {d}/adir); expected a hardware profile YAML file"),
+    ("scenario-tp", ["run", "s.yaml", "--set", "tensor_parallel_size=3"],
+     "error: s.yaml: tensor_parallel_size: num_attention_heads (32) is not divisible by tensor_parallel_size=3 for "
+     "llama-3-8b"),
+    ("option-tp", ["cost", "llama-3-8b", "h100-sxm", "--tp", "3", "--prefill", "8"],
+     "error: --tp 3 for llama-3-8b: num_attention_heads (32) is not divisible by tp=3"),
+    ("plugin-not-a-plan", ["run", "s.yaml", "--set", "policy.name=notaplan:NotAPlan"],
+     "error: s.yaml: policy: 'notaplan:NotAPlan' broke the engine contract: schedule() returned NoneType; "
+     "expected a batchsim.sim.types.BatchPlan"),
 ]
 OTHER = [("version", ["--version"]), ("debug", ["--debug", "run", "nope.yaml"])]
 

@@ -265,7 +265,7 @@ def test_a_model_that_does_not_fit_says_by_how_much():
     assert scenario_error({"workload": W, "model": "llama-3.1-405b", "hardware": "l4"}) == (
         "llama-3.1-405b (bf16) does not fit on l4 at tp=1: 0.9 x 24 GiB = 21.6 GiB per GPU, but weights take "
         "756.0 GiB, runtime reserve 1.0 GiB and activations 3.3 GiB, leaving -738.7 GiB for the KV cache; "
-        "raise --tp or use a smaller dtype")
+        "raise tensor_parallel_size or use a smaller dtype")
 
 
 # ---------------------------------------------------------------- workloads
@@ -423,3 +423,125 @@ def test_model_config_that_is_not_utf8(tmp_path):
     (tmp_path / "config.json").write_bytes(b'{"name": "caf\xe9"}')
     assert message(load_model, str(tmp_path)) == (
         f"{tmp_path / 'config.json'}: not UTF-8 text (invalid continuation byte at byte 13)")
+
+
+# ------------------------------------------------ values that used to pass
+
+
+def test_duplicate_yaml_keys_are_refused_with_the_key_and_line(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("workload: {num_requests: 2}\nreplicas: 1\nreplicas: 2\n")
+    assert message(load_scenario, p) == (
+        f"{p}:3: not valid YAML: duplicate key 'replicas' (first at line 2); expected each key once")
+    p.write_text("workload:\n  num_requests: 2\n  num_requests: 3\n")
+    assert message(load_scenario, p) == (
+        f"{p}:3: not valid YAML: duplicate key 'num_requests' (first at line 2); expected each key once")
+    p.write_text("workload: {num_requests: 2}\n")
+    assert message(load_scenario, p, ["policy={name: continuous, name: static}"]) == (
+        "--set: duplicate key 'name' in 'policy={name: continuous, name: static}'; expected each key once")
+    p.write_text("workload: &w {num_requests: 2, duration_s: 5}\npolicy_knobs: {static: {<<: *w, num_requests: 3}}\n")
+    assert load_scenario(p).policy_knobs["static"]["num_requests"] == 3  # a merged key may be overridden
+    profile = profile_yaml(tmp_path, {})
+    lines = profile.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines, 1) if line.startswith("memory_gib:"))
+    profile.write_text(profile.read_text() + "memory_gib: 10\n")
+    assert message(load_hardware, str(profile)) == (
+        f"{profile}:{len(lines) + 1}: not valid YAML: duplicate key 'memory_gib' (first at line {first}); "
+        "expected each key once")
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"workload": {"num_requests": True}}, "workload.num_requests: Input should be an integer, not a boolean (got True)"),
+    ({"workload": W, "tensor_parallel_size": True},
+     "tensor_parallel_size: Input should be an integer, not a boolean (got True)"),
+    ({"workload": W, "replicas": True}, "replicas: Input should be an integer, not a boolean (got True)"),
+    ({"workload": W, "seed": False}, "seed: Input should be an integer, not a boolean (got False)"),
+    ({"workload": {"num_requests": 2, "arrival": {"process": "poisson", "rate": True}}},
+     "workload.arrival.rate: Input should be a number, not a boolean (got True)"),
+    ({"workload": {"num_requests": 2, "prompt_tokens": {"dist": "fixed", "value": True}}},
+     "workload.prompt_tokens.value: Input should be an integer, not a boolean (got True)"),
+])
+def test_booleans_are_not_numbers_in_a_scenario(data, expected):
+    assert scenario_error(data) == f"s.yaml: {expected}"
+
+
+def test_booleans_are_not_numbers_in_a_policy_and_whole_floats_still_are():
+    assert message(policies.create_policy, {"name": "continuous", "max_num_seqs": True}) == (
+        "policy.max_num_seqs: got True; expected an integer, not a boolean")
+    assert message(policies.create_policy, {"name": "continuous", "gpu_memory_utilization": True}) == (
+        "policy.gpu_memory_utilization: got True; expected a number, not a boolean")
+    assert message(policies.create_policy, {"name": "dynamic", "preferred_batch_sizes": [True, 2]}) == (
+        "policy.preferred_batch_sizes: got [True, 2]; expected an integer, not a boolean")
+    assert policies.create_policy({"name": "continuous", "enable_prefix_caching": False}).config.enable_prefix_caching \
+        is False
+    assert scenario_from_dict({"workload": {"num_requests": 2.0}, "replicas": 2.0}).replicas == 2
+    assert scenario_from_dict({"workload": W, "measure": {"step_records": False}}).measure.step_records is False
+
+
+def test_max_model_len_beyond_the_models_context_names_both_values():
+    assert scenario_error({"workload": W, "policy": {"name": "continuous", "max_model_len": 100_000}}) == (
+        "policy.max_model_len: got 100000, above llama-3-8b's context length (max_position_embeddings 8192); "
+        "expected at most 8192")
+    assert run_scenario(scenario_from_dict({"workload": W, "policy": {"name": "continuous", "max_model_len": 8192}}))
+
+
+@pytest.mark.parametrize("where, value", [("policy", 7), ("policy", 512), ("policy", 0), ("policy_knobs.static", 12)])
+def test_block_sizes_vllm_refuses(where, value):
+    data = {"workload": W}
+    if where == "policy":
+        data["policy"] = {"name": "continuous", "block_size": value}
+    else:
+        data["policy_knobs"] = {"static": {"block_size": value}}
+    assert message(scenario_from_dict, data, "s.yaml") == (
+        f"s.yaml: {where}.block_size: got {value}; expected one of vLLM's block sizes 1, 8, 16, 32, 64, 128, 256")
+    assert scenario_from_dict({"workload": W, "policy": {"name": "continuous", "block_size": 32}})
+
+
+def test_a_tensor_parallel_size_from_the_scenario_names_the_field_not_the_option():
+    assert scenario_error({"workload": W, "tensor_parallel_size": 3}) == (
+        "tensor_parallel_size: num_attention_heads (32) is not divisible by tensor_parallel_size=3 for llama-3-8b")
+    from batchsim.calibrate.report import cost_report  # the cost command's --tp keeps its name
+    assert message(cost_report, "llama-3-8b", "h100-sxm", tp=3, prefill=8) == (
+        "--tp 3 for llama-3-8b: num_attention_heads (32) is not divisible by tp=3")
+
+
+@pytest.mark.parametrize("kind", ["scenario", "trace", "model", "hardware", "empirical"])
+def test_a_folder_where_a_file_is_expected_says_so(tmp_path, kind):
+    d = tmp_path / "adir"
+    d.mkdir()
+    if kind == "scenario":
+        assert message(load_scenario, d) == f"{d}: is a folder; expected a scenario YAML file"
+    elif kind == "model":
+        assert message(load_model, str(d)) == (
+            f"{d}: is a folder (resolved to {d}); expected a config.json file or a folder holding one")
+    elif kind == "hardware":
+        assert message(load_hardware, str(d)) == f"{d}: is a folder (resolved to {d}); expected a hardware profile YAML file"
+    else:
+        wl = ({"trace": {"format": "csv", "path": "adir"}} if kind == "trace" else
+              {"num_requests": 2, "prompt_tokens": {"dist": "empirical", "path": "adir", "column": "x"}})
+        cfg = WorkloadConfig.model_validate(wl)
+        assert message(build_workload, cfg, np.random.default_rng(0), tmp_path) == (
+            f"adir: is a folder (resolved to {d}); expected a trace file")
+
+
+class _NotAPlanConfig(policies.PolicyConfig):
+    pass
+
+
+class NotAPlan:
+    """A plugin policy whose schedule returns a dict, not a BatchPlan."""
+
+    name = "not_a_plan"
+    Config = _NotAPlanConfig
+
+    def __init__(self, config=None):
+        self.config = config or _NotAPlanConfig(name=self.name)
+
+    def schedule(self, view):
+        return {"num_tokens": {}}
+
+
+def test_a_plugin_whose_schedule_returns_no_plan_is_named_in_one_line():
+    assert scenario_error({"workload": W, "policy": {"name": f"{__name__}:NotAPlan"}}) == (
+        f"policy: '{__name__}:NotAPlan' broke the engine contract: schedule() returned dict; expected a "
+        "batchsim.sim.types.BatchPlan")

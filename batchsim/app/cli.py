@@ -120,6 +120,8 @@ def cost(
     from batchsim.calibrate.report import cost_report, render_cost_table
 
     rep = cost_report(model, hardware, tp=tp, dtype=dtype, prefill=prefill, decode=decode, context=context)
+    if rep["kv_capacity_tokens"] is None:  # weights over memory: no deployment to price (it exited 0)
+        raise InputError(rep["kv_capacity_error"])
     if as_json:
         typer.echo(json.dumps(rep, indent=2))
     else:

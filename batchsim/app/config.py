@@ -18,13 +18,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from batchsim.sim.errors import InputError
-from batchsim.workloads.config import WorkloadConfig
+from batchsim.sim.safe_yaml import DuplicateKeyError, load_yaml
+from batchsim.workloads.config import NoBoolNumbers, WorkloadConfig
 
-__all__ = ["Scenario", "SLOConfig", "MeasureConfig", "load_scenario", "scenario_from_dict",
+__all__ = ["Scenario", "SLOConfig", "MeasureConfig", "VLLM_BLOCK_SIZES", "load_scenario", "scenario_from_dict",
            "apply_overrides", "format_validation_error", "short_repr"]
 
 
-class SLOConfig(BaseModel):
+class SLOConfig(NoBoolNumbers):
     """Per-request service-level objectives (a request meets them or not)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,7 +38,7 @@ class SLOConfig(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-class MeasureConfig(BaseModel):
+class MeasureConfig(NoBoolNumbers):
     """Which requests the latency percentiles and throughputs count."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -50,7 +51,7 @@ class MeasureConfig(BaseModel):
                             "no steps.csv (see batchsim/sim/aggregate.py)")
 
 
-class Scenario(BaseModel):
+class Scenario(NoBoolNumbers):
     """A whole simulation: model, hardware, cluster, policy, workload."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -193,7 +194,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise InputError(f"empty field name in {key.strip()!r}; expected dotted.key=value "
                              "such as workload.arrival.rate=8", "--set")
         try:
-            value = yaml.safe_load(raw)
+            value = load_yaml(raw)
+        except DuplicateKeyError as e:
+            raise InputError(f"duplicate key {e.key!r} in {item!r}; expected each key once", "--set") from None
         except (yaml.YAMLError, RecursionError):  # not YAML: keep the text, validation says what is wrong
             value = raw
         _set_dotted(data, key.strip(), value)
@@ -208,9 +211,26 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         raise InputError("fast_forward: this field was removed (the Python engine runs step by step; "
                          "engine: auto picks the compiled core, the fast one); delete it", source)
     try:
-        return Scenario.model_validate(data)
+        sc = Scenario.model_validate(data)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source, Scenario)) from None
+    _check_block_sizes(sc, source)
+    return sc
+
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+"""The KV block sizes vLLM accepts (``--block-size``; ``BlockSize`` in vllm/config/cache.py)."""
+
+
+def _check_block_sizes(sc: Scenario, source: str) -> None:
+    """A ``block_size`` vLLM would refuse is an error. (Here, not in the policy config: policy
+    tests run any block size on tiny fake caches.) A value that is no number is left to the policy."""
+    specs = [("policy", sc.policy)] + [(f"policy_knobs.{n}", k) for n, k in sc.policy_knobs.items()]
+    for where, spec in specs:
+        bs = spec.get("block_size") if isinstance(spec, dict) else None
+        if isinstance(bs, (int, float)) and not isinstance(bs, bool) and bs not in VLLM_BLOCK_SIZES:
+            raise InputError(f"got {short_repr(bs)}; expected one of vLLM's block sizes "
+                             f"{', '.join(map(str, VLLM_BLOCK_SIZES))}", f"{source}: {where}.block_size")
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
@@ -225,7 +245,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     if not is_file:
         raise InputError(f"no such scenario file: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_yaml(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)

@@ -16,6 +16,11 @@ Mismatches are explained, never compared silently:
 - the baseline was recorded by another batchsim version: a note; the values
   are compared anyway.
 - no entry for a scenario: a failure until ``--update`` records it.
+- a run or a baseline entry with fewer than ``min_requests`` completed
+  requests in its measured window (default
+  :data:`batchsim.sim.metrics.MIN_REQUESTS`), or a gated metric that is null:
+  *not evaluable*, a failure (a p99 over a handful of requests is about their
+  maximum, and a null metric is not "unchanged").
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from batchsim import __version__
 from batchsim.app.config import Scenario, load_scenario
 from batchsim.sim.errors import InputError
 from batchsim.sim.io import atomic_write_text
+from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
 __all__ = ["BASELINE_FORMAT", "Runner", "scenario_key", "scenario_inputs", "combine_hash",
            "load_baseline", "write_baseline", "parse_metrics", "regress"]
@@ -167,8 +173,10 @@ def write_baseline(path: Path, entries: dict[str, dict]) -> None:
 
 
 def _entry(scenario: Scenario, inputs: dict[str, str], summary: dict) -> dict:
+    # NOTE: a null latency (no measured request had it) is recorded as null, so the
+    # gate later says "not evaluable" instead of "not in the baseline".
     metrics = {k: v for k, v in summary.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+               if isinstance(v, (int, float)) and not isinstance(v, bool) or v is None and k.endswith("_ms")}
     return {"name": scenario.name, "policy": summary.get("policy", ""),
             "batchsim_version": __version__, "scenario_hash": combine_hash(inputs),
             "inputs": inputs, "metrics": metrics}
@@ -224,11 +232,27 @@ def _run_one(path: Path, baseline: Path, runner: Runner) -> _Run:
     return _Run(scenario_key(path, baseline), scenario, inputs, summary, time.perf_counter() - t0)
 
 
+def _thin(metrics: dict, min_requests: int) -> str:
+    """Why a summary (or a baseline's metrics) is not evaluable ("" when it is, or does not say)."""
+    done = metrics.get("completed")
+    if not isinstance(done, (int, float)) or isinstance(done, bool):
+        return ""
+    return thin_window(int(done), min_requests)
+
+
 def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
-          update: bool) -> ScenarioDiff:
+          update: bool, min_requests: int = MIN_REQUESTS) -> ScenarioDiff:
     new_hash = combine_hash(run.inputs)
     problems: list[str] = []
     notes: list[str] = []
+    remedy = ("; not a pass: give the scenario more requests (workload.num_requests) or a shorter "
+              "measure.warmup_s/cooldown_s, then re-record")
+    thin = _thin(run.summary, min_requests)
+    if thin:
+        problems.append(f"not evaluable in this run: {thin}{remedy}")
+    thin = _thin(old["metrics"], min_requests) if old is not None else ""
+    if thin:
+        problems.append(f"not evaluable in the baseline: {thin}{remedy}")
     if old is None:
         problems.append("no baseline entry for this scenario; record it with --update")
     else:
@@ -241,7 +265,8 @@ def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
     diffs = compare(old["metrics"] if old else None, run.summary, metrics, rtol)
     if update:
         if old is None:
-            problems, notes = [], ["recorded a new baseline entry"]
+            problems = [p for p in problems if not p.startswith("no baseline entry")]
+            notes = ["recorded a new baseline entry"]
             diffs = tuple(replace(d, status="new") for d in diffs)
         notes.extend(f"accepted by --update: {p}" for p in problems)
         problems = []
@@ -251,7 +276,7 @@ def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
 
 def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bool = False,
             rtol: float = 0.02, metrics: Iterable[str] | None = None,
-            runner: Runner | None = None) -> RegressionReport:
+            runner: Runner | None = None, min_requests: int = MIN_REQUESTS) -> RegressionReport:
     """Re-run each scenario, diff it against ``baseline``; with ``update``, rewrite the baseline.
 
     Raises :class:`InputError` (exit 2) for bad input: a missing or
@@ -260,6 +285,8 @@ def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bo
     """
     if not (rtol >= 0):
         raise InputError(f"must be >= 0, got {rtol}", "--rtol")
+    if isinstance(min_requests, bool) or not isinstance(min_requests, int) or min_requests < 1:
+        raise InputError(f"must be a whole number >= 1, got {min_requests!r}", "--min-requests")
     keys = parse_metrics(metrics)
     bpath = Path(baseline)
     by_key: dict[str, Path] = {}
@@ -279,7 +306,7 @@ def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bo
         r = _run_one(path, bpath, run)
         old = entries.get(r.key)
         _check_metrics(keys, r.summary, old and old["metrics"], str(path))
-        results.append(_diff(r, old, keys, rtol, update))
+        results.append(_diff(r, old, keys, rtol, update, min_requests))
         fresh[r.key] = _entry(r.scenario, r.inputs, r.summary)
     notes: list[str] = []
     if update:

@@ -8,6 +8,7 @@ runs SimPy, and turns what happened into records and a summary.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,7 @@ from batchsim.calibrate.models import load_model
 from batchsim import __version__, core
 from batchsim.app.config import Scenario
 from batchsim.sim.engine import Cluster, Replica
+from batchsim.sim.protocols import PolicyError
 from batchsim.sim.io import write_csv, write_json
 from batchsim.sim.errors import InputError
 from batchsim.sim.kv import PagedKVCache
@@ -76,8 +78,15 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
     kv_dtype = scenario.kv_cache_dtype
     if kv_dtype == "auto":  # vLLM's auto: KV in the activation dtype, bf16 for quantized weights
         kv_dtype = "fp16" if scenario.dtype == "fp16" else "bf16"
-    cost = RooflineCostModel(model, hw, tp=scenario.tensor_parallel_size, dtype=scenario.dtype,
-                             kv_dtype=kv_dtype)
+    tp = scenario.tensor_parallel_size
+    try:
+        cost = RooflineCostModel(model, hw, tp=tp, dtype=scenario.dtype, kv_dtype=kv_dtype)
+    except InputError as e:
+        if not (e.where or "").startswith("--tp "):
+            raise
+        # NOTE: the cost model names the cost command's --tp; here the size came from the scenario.
+        message = e.message.replace(f"tp={tp}", f"tensor_parallel_size={tp}")
+        raise InputError(f"{message} for {getattr(model, 'name', scenario.model)}", "tensor_parallel_size") from None
     if workload is None:
         workload = build_workload(scenario.workload, _seeds(scenario.seed)[0], base_dir)
     meta = {
@@ -134,6 +143,29 @@ def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type, ot
     return why
 
 
+@contextmanager
+def _policy_contract(scenario: Scenario, policy):
+    """A policy of the user's own that breaks the engine contract (a PolicyError, such as a
+    ``schedule`` that returns no BatchPlan) is bad input: one line naming it. A shipped policy's
+    PolicyError is a batchsim bug and keeps its traceback."""
+    try:
+        yield
+    except PolicyError as e:
+        if type(policy).__module__.partition(".")[0] == "batchsim":
+            raise
+        detail = str(e).removeprefix(f"{getattr(policy, 'name', '')}: ")
+        raise InputError(f"{scenario.policy.get('name')!r} broke the engine contract: {detail}", "policy") from e
+
+
+def _check_max_model_len(cfg, parts: Parts) -> None:
+    """A ``max_model_len`` past the model's context is an error, as in vLLM (not a silent clip)."""
+    asked = getattr(cfg, "max_model_len", None)
+    if asked is not None and asked > parts.max_model_len:
+        model = parts.meta.get("model", "the model")
+        raise InputError(f"got {asked}, above {model}'s context length (max_position_embeddings "
+                         f"{parts.max_model_len}); expected at most {parts.max_model_len}", "policy.max_model_len")
+
+
 def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica) -> RunResult:
     """Run one scenario's policy over prebuilt parts.
 
@@ -147,16 +179,23 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     else:
         steps, itl = StepLog(), ItlLog()
     pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
-    caches = [_kv_cache(parts, p.config) for p in pols]
+    _check_max_model_len(pols[0].config, parts)
+    try:
+        caches = [_kv_cache(parts, p.config) for p in pols]
+    except InputError as e:  # does not fit: the hint names the scenario's field, not the cost command's --tp
+        if e.where is not None or "raise --tp" not in e.message:
+            raise
+        raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size")) from None
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
     why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]), pols[1:])
     use_core = why is None
     if use_core:
-        ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
-                            caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
-                            scenario.max_queue_len, steps,
-                            [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)],
-                            router_rng=_seeds(scenario.seed)[1])
+        with _policy_contract(scenario, pols[0]):
+            ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
+                                caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
+                                scenario.max_queue_len, steps,
+                                [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)],
+                                router_rng=_seeds(scenario.seed)[1])
         requests, now = ran.requests, ran.now
         for c, peak in zip(caches, ran.kv_peak):
             c.peak_used = peak
@@ -171,7 +210,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
                     for i, (pol, kv) in enumerate(zip(pols, caches))]
         route = make_router(scenario.router, _seeds(scenario.seed)[1])
         cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
-        env.run(until=scenario.horizon_s)
+        with _policy_contract(scenario, pols[0]):
+            env.run(until=scenario.horizon_s)
         _check_unfinished_are_held(cluster)
         requests, now = request_frame(cluster.requests), env.now
         engine = {"steps": len(steps), "engine": "python"}

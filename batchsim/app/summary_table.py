@@ -1,10 +1,14 @@
-"""Render summary dicts as a rich table: one column per run, one row per metric."""
+"""Render summary dicts as a rich table: one column per run, one row per metric.
+
+A null latency (no measured request has it) shows as "—"; each run's
+``warnings`` are printed once under the table, prefixed by its policy.
+"""
 
 from __future__ import annotations
 
 from rich.table import Table
 
-__all__ = ["summary_table", "TABLE_ROWS"]
+__all__ = ["summary_table", "warning_lines", "TABLE_ROWS", "NULL"]
 
 # (label, key, format) shown by `batchsim run` and `compare`.
 TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
@@ -26,18 +30,25 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+NULL = "—"
+
+
+def _ms(v) -> str:
+    return NULL if v is None else f"{v:.1f}"
+
+
 def _cell(s: dict, label: str, key: str, fmt: str) -> str:
     if label.startswith("completed"):
         return f"{s['completed']} / {s['rejected']} / {s['unfinished']}"
     if label.startswith("MFU"):
         return f"{s['mfu']:.1%} / {s['mbu']:.1%}"
     if key == "itl":
-        return f"{s['median_itl_ms']:.1f} / {s['p99_itl_ms']:.1f} / {s['max_itl_ms']:.1f}"
+        return f"{_ms(s['median_itl_ms'])} / {_ms(s['p99_itl_ms'])} / {_ms(s['max_itl_ms'])}"
     if key == "engine":
         return str(s.get("engine", "?"))
     if key in ("ttft", "tpot", "e2el"):
-        return f"{s[f'median_{key}_ms']:.1f} / {s[f'p99_{key}_ms']:.1f}"
-    return fmt.format(s[key])
+        return f"{_ms(s[f'median_{key}_ms'])} / {_ms(s[f'p99_{key}_ms'])}"
+    return NULL if s[key] is None else fmt.format(s[key])
 
 
 def summary_table(summaries: list[dict], title: str | None = None) -> Table:
@@ -48,7 +59,17 @@ def summary_table(summaries: list[dict], title: str | None = None) -> Table:
         t.add_column(str(s.get("policy", "")), justify="right")
     for label, key, fmt in TABLE_ROWS:
         t.add_row(label, *(_cell(s, label, key, fmt) for s in summaries))
+    lines = []
     reasons = sorted({s["engine_reason"] for s in summaries if s.get("engine_reason")})
     if reasons:
-        t.caption = "SimPy engine: " + "; ".join(reasons)
+        lines.append("SimPy engine: " + "; ".join(reasons))
+    lines += warning_lines(summaries)
+    if lines:
+        t.caption, t.caption_justify = "\n".join(lines), "left"
     return t
+
+
+def warning_lines(summaries: list[dict]) -> list[str]:
+    """``warning: <policy>: <text>``, each once, in run order."""
+    seen = dict.fromkeys(f"warning: {s.get('policy', '')}: {w}" for s in summaries for w in s.get("warnings") or ())
+    return list(seen)

@@ -21,6 +21,7 @@ from batchsim.reports.derive import load_window
 from batchsim.reports.progress import progress
 from batchsim.reports.runs import ReportInfo
 from batchsim.reports.stats import aggregate
+from batchsim.reports.tables import csv_frame
 from batchsim.reports.sweep import mark_saturation, saturation_points
 from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, knob_text, parse_policies, policy_config, report_info,
                          scenario_data, simulate_task, with_policy, with_seed)
@@ -29,7 +30,8 @@ from batchsim.sim.errors import InputError
 from batchsim.app.workers import run_tasks
 from batchsim.sim.io import write_csv
 
-__all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "with_rate", "sweep", "sweep_task", "write_sweep"]
+__all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "with_rate", "sweep", "sweep_task", "write_sweep",
+           "point_warnings"]
 
 _FIRST = ("policy", "rate")
 _LOAD = ("offered_output_throughput", "served_output_throughput")
@@ -143,12 +145,22 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
             metas.setdefault(point.row["policy"], point.meta)
             advance(f"{point.row['policy']} @ {point.row['rate']:g} req/s")
             if out_dir is not None:  # NOTE: rewritten per point so a killed sweep keeps its points
-                write_csv(Path(out_dir) / "sweep_runs.csv", pd.DataFrame([x for x in rows if x is not None]))
+                write_csv(Path(out_dir) / "sweep_runs.csv", csv_frame(pd.DataFrame([x for x in rows if x is not None])))
     frame = _aggregate(rows, names, rates, seeds)
     ordered = [metas.get(p, {}) for p in names]
     info = report_info(scenario, ordered, seeds, "sweep")
     return SweepResult(frame, names, saturation_points(frame), info,
                        [knob_text(k, m) for k, m in zip(knobs, ordered)])
+
+
+def point_warnings(frame: pd.DataFrame) -> list[str]:
+    """``warning: <policy> @ <rate> req/s: <text>`` for every summary warning of every point."""
+    lines = []
+    for r in frame.to_dict(orient="records"):
+        ws = r.get("warnings")
+        for w in ws if isinstance(ws, (list, tuple)) else ():
+            lines.append(f"warning: {r['policy']} @ {r['rate']:g} req/s: {w}")
+    return list(dict.fromkeys(lines))
 
 
 def write_sweep(result: SweepResult, out_dir: str | Path) -> dict[str, Path]:

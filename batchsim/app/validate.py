@@ -578,8 +578,9 @@ def _compare(policy: str, executed: list, simulated, tol_p50: float, tol_p99: fl
     for metric in METRICS:
         for pct, key in _KEYS.items():
             k = f"{key}_{metric}_ms"
-            meas = float(np.median([r.summary[k] for r in executed]))
-            sim = float(simulated.summary[k])
+            # a null latency (no request had it) is NaN here: it fails its tolerance
+            meas = float(np.median([np.nan if r.summary[k] is None else r.summary[k] for r in executed]))
+            sim = float("nan") if simulated.summary[k] is None else float(simulated.summary[k])
             err = sim / meas - 1.0 if meas > 0 else (0.0 if sim == 0 else math.inf)
             tol = None if metric == "e2el" else (tol_p50 if pct == "p50" else tol_p99)
             out.append({"policy": policy, "metric": metric, "percentile": pct, "measured_ms": meas,

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from batchsim.sim.errors import InputError
+from batchsim.sim.safe_yaml import load_yaml
 
 __all__ = ["catalog_names", "resolve", "read_mapping", "validate"]
 
@@ -37,8 +38,12 @@ def resolve(name_or_path: str, directory: Path, kind: str) -> Path:
     path = Path(name_or_path).expanduser()
     if _is(path, "is_file"):
         return path
-    if _is(path, "is_dir") and (path / "config.json").is_file():
-        return path / "config.json"
+    if _is(path, "is_dir"):
+        if (path / "config.json").is_file():
+            return path / "config.json"
+        expected = "a config.json file or a folder holding one" if kind == "model" else f"a {kind} YAML file"
+        raise InputError(f"is a folder (resolved to {os.path.abspath(path)}); expected {expected}",
+                         where=str(name_or_path))
     raise InputError(f"unknown {kind} {name_or_path!r}: not a catalog name ({', '.join(names)}) "
                      f"and no such file ({os.path.abspath(path)})")
 
@@ -60,7 +65,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", where=str(path)) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e}", where=str(path)) from None
     except yaml.YAMLError as e:  # one line: the problem and where, not PyYAML's multi-line context

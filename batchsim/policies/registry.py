@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from pydantic import ValidationError
 
 from batchsim.policies.base import PolicyConfig
-from batchsim.sim.errors import InputError
+from batchsim.sim.errors import InputError, bool_as_number
 from batchsim.sim.protocols import Policy
 
 __all__ = ["ENTRY_POINT_GROUP", "register", "policy_names", "policy_class", "create_policy"]
@@ -135,4 +135,9 @@ def create_policy(spec: Mapping[str, Any]) -> Policy:
         config = cls.Config.model_validate(dict(spec))
     except ValidationError as err:
         raise _validation_error(err, cls.Config, name) from None
+    for key, value in spec.items():
+        # NOTE: pydantic reads true as 1: `max_num_seqs: true` ran one sequence at a time.
+        kind = bool_as_number(value, getattr(config, key, value))
+        if kind is not None:
+            raise InputError(f"got {value!r}; expected {kind}, not a boolean", where=f"policy.{key}")
     return cls(config)

@@ -42,11 +42,15 @@ def _metric_label(key: str) -> str:
     return f"{name} {'p50' if stat == 'median' else stat} (ms)"
 
 
-def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | None) -> list[Column]:
-    """The table's columns: config, capacity, each SLO metric at capacity, fleet and cost."""
+def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | None,
+                 rejections: bool = False) -> list[Column]:
+    """The table's columns: config, capacity, each SLO metric at capacity, fleet and cost
+    (and the requests rejected at capacity, when ``--allow-rejections`` let them through)."""
     cols = [Column("configuration", "config", "text"), Column("status", "status", "text"),
             Column("capacity (req/s per replica)", "capacity_rps", "f2"),
             Column("output tok/s per replica", "output_tok_s", "f0")]
+    if rejections:
+        cols += [Column("rejected at capacity", "rejected", "int")]
     cols += [Column(_metric_label(k), k, "f1") for k in dict.fromkeys([*slos, pareto_metric])]
     if target_rate is not None:
         cols += [Column("replicas", "replicas", "int")]
@@ -104,11 +108,14 @@ def pareto_figure(frame: pd.DataFrame, metric: str) -> Figure:
 
 
 def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric: str,
-              target_rate: float | None) -> str:
-    """The whole plan.html document."""
+              target_rate: float | None, rejections: bool = False, problems: Sequence[str] = ()) -> str:
+    """The whole plan.html document (``problems``: the configurations with no capacity
+    because a point was not evaluable or they reject requests, shown first)."""
     rows = _display_rows(frame)
     ok = int(frame["usd_per_1m_output_tokens"].notna().sum()) if len(frame) else 0
     sections = []
+    if problems:
+        sections.append(("Configurations without a capacity", notes_html(problems)))
     if ok:
         png = png_bytes(pareto_figure(frame, metric))
         caption = (f"Each configuration that meets the SLO at some load, at its capacity: $/1M output tokens "
@@ -116,7 +123,7 @@ def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric
                    "and faster).")
         sections.append(("Pareto front: cost vs latency", figure_html(png, "Pareto front of cost vs latency",
                                                                         caption)))
-    cols = plan_columns(slos, metric, target_rate)
+    cols = plan_columns(slos, metric, target_rate, rejections)
     sections.append(("Configurations (sorted by cost; click a header to sort)",
                      table_html(rows, cols, "plan-table")))
     sections.append(("How to read this", notes_html(_notes(target_rate))))
@@ -128,35 +135,121 @@ def _notes(target_rate: float | None) -> list[str]:
              "No target load was given: one replica at its capacity is priced.")
     return [
         "Capacity is the highest arrival rate per replica whose simulation met every SLO, with no request "
-        "rejected or unfinished and at least 99% completed; it is within the search tolerance of the true limit.",
+        "rejected (unless --allow-rejections) or unfinished, at least 99% completed, and enough completed "
+        "requests in the measured window to judge a p99 (--min-requests); it is within the search tolerance "
+        "of the true limit.",
         "Latencies are measured at capacity, the worst a replica sees; a fleet with spare replicas runs below it.",
         fleet,
         "$/1M output tokens = $/hour / output tokens served per hour x 1e6; prices from the price table "
         "(example on-demand figures unless overridden).",
         "'does not fit': the model and its activations leave no room for KV cache at this TP; "
-        "'SLO not met': no rate down to the search floor met the SLO.",
+        "'SLO not met': no rate down to the search floor met the SLO; 'not evaluable': a point the "
+        "search needed had too few completed requests in its measured window to judge (or a null SLO "
+        "metric), so no capacity is claimed; 'rejects requests': the configuration rejects some "
+        "requests at any load (too long for max_model_len, the KV cache or the step budget) and is "
+        "refused unless --allow-rejections is given.",
     ]
 
 
 def write_plan_report(out_dir: str | Path, frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str],
-                      metric: str, target_rate: float | None) -> Path:
+                      metric: str, target_rate: float | None, rejections: bool = False,
+                      problems: Sequence[str] = ()) -> Path:
     """Write plan.html into ``out_dir``; return its path."""
     path = Path(out_dir) / "plan.html"
-    atomic_write_text(path, plan_page(frame, info, slos, metric, target_rate))
+    atomic_write_text(path, plan_page(frame, info, slos, metric, target_rate, rejections, problems))
     return path
 
 
 def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_rate: float | None,
-                  title: str | None = None):
-    """The plan as a rich Table for the terminal (same columns and formats as the HTML)."""
-    from rich.table import Table
+                  title: str | None = None, rejections: bool = False) -> "PlanTable":
+    """The plan as a rich renderable for the terminal (same columns and formats as the HTML).
 
-    cols = [c for c in plan_columns(slos, metric, target_rate) if c.key != "limit_rps"]
-    t = Table(title=title)
-    for c in cols:
-        t.add_column(c.label, justify="left" if c.kind == "text" else "right",
-                     no_wrap=c.key == "config", overflow="fold")
-    for r in _display_rows(frame):
-        t.add_row(*(format_cell(r, c)[0] for c in cols))
-    return t
+    It sizes its columns when rendered, for the console's width: a number is
+    never wrapped or cut (``38603.9`` stays whole at 100 columns).
+    """
+    cols = [c for c in plan_columns(slos, metric, target_rate, rejections) if c.key != "limit_rps"]
+    cells = [[format_cell(r, c)[0] for c in cols] for r in _display_rows(frame)]
+    return PlanTable(cols, cells, title)
 
+
+# Numeric columns dropped, in this order, when the numbers do not fit the width otherwise.
+_DROPPABLE = ("output_tok_s", "usd_per_hour", "replicas", "status", "pareto_text", "limit_reason", "gpus",
+              "rejected")
+_MIN_WHY = 14  # the "why it failed" column folds its text into at least this many characters
+_HEADER = 12  # a numeric column widens to this many characters for its header, when there is room
+_WHY = 40  # the reason column widens to this before the headers do
+
+
+class PlanTable:
+    """A rich renderable: the plan table laid out for the width it is rendered at.
+
+    Every column but the two free-text ones gets a fixed width that holds its
+    longest word (a number is one word) and the longest word of its header;
+    the configuration and "why it failed" columns share what is left and fold.
+    When even that does not fit, the least needed columns (:data:`_DROPPABLE`,
+    then from the right) are left out and the caption says so: a number is
+    never wrapped or cut.
+    """
+
+    def __init__(self, columns: Sequence[Column], cells: Sequence[Sequence[str]], title: str | None) -> None:
+        self.columns, self.cells, self.title = list(columns), [list(r) for r in cells], title
+
+    def _word(self, i: int) -> int:
+        """The longest word of column ``i``'s header and cells."""
+        words = self.columns[i].label.split() + [w for row in self.cells for w in row[i].split()]
+        return max([len(w) for w in words] + [1])
+
+    def _full(self, i: int) -> int:
+        """The longest whole cell (or header) of column ``i``."""
+        return max([len(self.columns[i].label)] + [len(row[i]) for row in self.cells])
+
+    def table(self, width: int):
+        """The rich Table for ``width`` columns of text."""
+        from rich.table import Table
+
+        keep = list(range(len(self.columns)))
+        flex = {i for i in keep if self.columns[i].key in ("config", "limit_reason")}
+        least = {i: min(self._full(i), self._word(i) if self.columns[i].key == "config" else _MIN_WHY)
+                 for i in flex}
+
+        def spare() -> int:  # borders: 2 edges + n - 1 separators; padding 1 + 1 per column
+            return (width - (2 + (len(keep) - 1) + 2 * len(keep))
+                    - sum(self._word(i) for i in keep if i not in flex))
+
+        dropped = []
+        # then, on a very narrow console, the rightmost columns but the configuration and capacity
+        order = [*_DROPPABLE, *(self.columns[i].key for i in reversed(keep)
+                                if self.columns[i].key not in ("config", "capacity_rps"))]
+        for key in order:
+            if spare() >= sum(least[i] for i in keep if i in flex):
+                break
+            idx = next((i for i in keep if self.columns[i].key == key), None)
+            if idx is not None:
+                keep.remove(idx)
+                dropped.append(self.columns[idx].label)
+        room = spare() - sum(least[i] for i in keep if i in flex)
+        widths = {i: (least[i] if i in flex else self._word(i)) for i in keep}
+        # what is left widens, in turn: the configuration to one line, the reason to _WHY,
+        # the headers to one line (up to _HEADER each), the reason to one line
+        cfg = [i for i in keep if self.columns[i].key == "config"]
+        why = [i for i in keep if self.columns[i].key == "limit_reason"]
+        wants = [(i, self._full(i)) for i in cfg] + [(i, min(self._full(i), _WHY)) for i in why]
+        wants += [(i, max(widths[i], min(self._full(i), _HEADER))) for i in keep if i not in flex]
+        wants += [(i, self._full(i)) for i in why]
+        for i, want in wants:
+            grow = max(0, min(want - widths[i], room))
+            widths[i] += grow
+            room -= grow
+        t = Table(title=self.title)
+        if dropped:
+            t.caption = f"left out to fit {width} columns: {', '.join(dropped)} (see plan.csv)"
+        for i in keep:
+            c = self.columns[i]
+            t.add_column(c.label, justify="left" if c.kind == "text" else "right", width=widths[i],
+                         overflow="fold")
+        for row in self.cells:
+            t.add_row(*(row[i] for i in keep))
+        return t
+
+    def __rich_console__(self, console, options):
+        yield self.table(options.max_width)

@@ -72,6 +72,11 @@ def latency_cdfs(runs: Sequence[PolicyRun]) -> Figure:
     return fig
 
 
+def _num(v) -> float:
+    """A summary value as a float; a null (None) or missing one is NaN."""
+    return np.nan if v is None else float(v)
+
+
 @styled
 def latency_percentiles(runs: Sequence[PolicyRun]) -> Figure:
     """p50/p90/p99 of TTFT, TPOT, ITL and E2E per policy (bars, log y, 95% CI error bars)."""
@@ -85,9 +90,9 @@ def latency_percentiles(runs: Sequence[PolicyRun]) -> Figure:
     for ax, (metric, short, long) in zip(axes, _LATENCY):
         shown = []
         for j, (run, s) in enumerate(zip(runs, stats)):
-            vals = [s.get(f"{k}_{metric}_ms", np.nan) for k in keys]
+            vals = [_num(s.get(f"{k}_{metric}_ms")) for k in keys]
             shown += vals
-            err = [s.get(f"{k}_{metric}_ms{CI_SUFFIX}", np.nan) for k in keys]
+            err = [_num(s.get(f"{k}_{metric}_ms{CI_SUFFIX}")) for k in keys]
             yerr = None if all(np.isnan(err)) else np.nan_to_num(err)
             ax.bar(x + (j - (len(runs) - 1) / 2) * width, vals, width, color=colors[run.policy],
                    label=run.policy, yerr=yerr, capsize=3, error_kw={"elinewidth": 1})

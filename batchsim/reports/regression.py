@@ -30,7 +30,7 @@ __all__ = ["MetricSpec", "MetricDiff", "ScenarioDiff", "RegressionReport", "DEFA
            "COMMENT_MARKER"]
 
 Better = Literal["lower", "higher", "either"]
-FAILING = ("regressed", "changed", "missing", "unavailable")
+FAILING = ("regressed", "changed", "missing", "unavailable", "not evaluable")
 """Statuses that fail the gate; ``ok`` and ``improved`` pass."""
 
 COMMENT_MARKER = "<!-- batchsim-regress -->"
@@ -96,7 +96,7 @@ class MetricDiff:
     current: float | None
     tolerance: float
     better: Better
-    status: str  # ok | improved | regressed | changed | missing | unavailable | new (recorded by --update)
+    status: str  # ok | improved | regressed | changed | missing | unavailable | not evaluable | new (by --update)
 
     @property
     def failed(self) -> bool:
@@ -115,6 +115,11 @@ class MetricDiff:
             return f"{self.metric}: not in the baseline (current {fmt(self.current)})"
         if self.status == "unavailable":
             return f"{self.metric}: not in this run's summary (baseline {fmt(self.baseline)})"
+        if self.status == "not evaluable":
+            where = " and ".join(w for w, v in (("the baseline", self.baseline), ("this run", self.current))
+                                 if v is None)
+            return (f"{self.metric}: null in {where} (no measured request has it): not evaluable, so not a pass "
+                    f"(baseline {fmt(self.baseline)}, current {fmt(self.current)})")
         return (f"{self.metric}: {fmt(self.baseline)} -> {fmt(self.current)} ({fmt_change(self)}, "
                 f"tolerance ±{fmt(self.tolerance)}, {self.better} is better)"
                 if self.better != "either" else
@@ -171,15 +176,29 @@ class RegressionReport:
 
 def compare(baseline: Mapping[str, float] | None, current: Mapping[str, float],
             metrics: Iterable[str], rtol: float) -> tuple[MetricDiff, ...]:
-    """Diff ``current`` against ``baseline`` for each metric (baseline None: all missing)."""
+    """Diff ``current`` against ``baseline`` for each metric (baseline None: all missing).
+
+    A metric present but null (None or NaN: no measured request had it) on
+    either side is ``not evaluable``, a failure: it is neither equal nor better.
+    """
     out = []
     for key in metrics:
         spec = metric_spec(key)
         base = _number(baseline.get(key)) if baseline is not None else None
         cur = _number(current.get(key))
         tol = max(rtol * abs(base), spec.atol) if base is not None else spec.atol
-        out.append(MetricDiff(key, base, cur, tol, spec.better, _status(spec, base, cur, tol)))
+        null = _null(current, key) or (baseline is not None and _null(baseline, key))
+        status = "not evaluable" if null else _status(spec, base, cur, tol)
+        out.append(MetricDiff(key, base, cur, tol, spec.better, status))
     return tuple(out)
+
+
+def _null(values: Mapping, key: str) -> bool:
+    """``key`` is there but has no value (None, NaN)."""
+    if key not in values:
+        return False
+    v = values[key]
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def _number(v: object) -> float | None:
@@ -227,7 +246,7 @@ def fmt_change(d: MetricDiff) -> str:
 
 
 _STYLE = {"ok": "green", "improved": "cyan", "regressed": "bold red", "changed": "bold red",
-          "missing": "bold yellow", "unavailable": "bold yellow", "new": "cyan"}
+          "missing": "bold yellow", "unavailable": "bold yellow", "not evaluable": "bold red", "new": "cyan"}
 
 
 def diff_table(report: RegressionReport, only_changes: bool = False) -> Table:
@@ -315,7 +334,7 @@ def _headline(report: RegressionReport) -> str:
     if bad:
         parts.append(f"{len(bad)} failing metric{'s' * (len(bad) != 1)}")
     if broken:
-        parts.append(f"{len(broken)} scenario{'s' * (len(broken) != 1)} changed or new")
+        parts.append(f"{len(broken)} scenario{'s' * (len(broken) != 1)} changed, new or not evaluable")
     return f"## batchsim regress: :x: {', '.join(parts)} ({size})"
 
 

@@ -17,7 +17,8 @@ from batchsim.reports import plots
 from batchsim.reports.runs import PolicyRun, ReportInfo
 from batchsim.reports.style import png_bytes
 from batchsim.reports.sweep import saturation_points, saturation_text, sweep_figure
-from batchsim.reports.tables import LATENCY_COLUMNS, SWEEP_COLUMNS, UTILIZATION_COLUMNS, Column, runs_frame, summary_frame
+from batchsim.reports.tables import (LATENCY_COLUMNS, REJECTION_COLUMNS, SWEEP_COLUMNS, UTILIZATION_COLUMNS, Column,
+                                     csv_frame, rejection_rows, runs_frame, summary_frame)
 from batchsim.sim.io import atomic_write_bytes, atomic_write_text, write_csv
 
 __all__ = ["write_compare_report", "write_sweep_report", "COMPARE_FIGURES", "DEFINITIONS"]
@@ -79,9 +80,11 @@ def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: R
         written["runs.csv"] = out / "runs.csv"
     rows = [r.stats() for r in runs]
     ci = " Second lines: ± 95% CI half-width over seeds." if info.seeds > 1 else ""
-    sections = [
+    sections = _warning_sections(rows, rejection_rows(runs))
+    sections += [
         ("Throughput and latency", H.table_html(rows, LATENCY_COLUMNS, "latency")
-         + H.notes_html([f"Click a column header to sort.{ci}"])),
+         + H.notes_html([f"Click a column header to sort.{ci} '—': no measured request has this "
+                         "latency (the policy's measured window is empty)."])),
         ("Utilization and efficiency", H.table_html(rows, UTILIZATION_COLUMNS, "utilization")),
     ]
     for name, build, title, alt, caption in COMPARE_FIGURES:
@@ -101,18 +104,40 @@ def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: R
     return written
 
 
+def _listed(v) -> list:
+    """A summary's list value; anything else (a missing cell's NaN) is empty."""
+    return list(v) if isinstance(v, (list, tuple)) else []
+
+
+def _warning_sections(stats: Sequence[dict], rejections: Sequence[dict],
+                      label: Callable[[dict], str] = lambda s: str(s.get("policy", ""))) -> list[tuple[str, str]]:
+    """The report's first sections when a run needs them: every summary warning (once),
+    and the rejected requests of each policy that rejects, by kind."""
+    lines = list(dict.fromkeys(f"{label(s)}: {w}" for s in stats for w in _listed(s.get("warnings"))))
+    out = []
+    if lines:
+        out.append(("Warnings", H.notes_html(lines)))
+    if rejections:
+        out.append(("Rejected requests", H.table_html(list(rejections), REJECTION_COLUMNS, "rejections")
+                    + H.notes_html(["A rejected request never runs: it counts as failing in goodput, and the "
+                                    "policy's latencies describe only the requests it served, so compare "
+                                    "them with care."])))
+    return out
+
+
 def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Sequence[str],
                        info: ReportInfo, policy_knobs: Sequence[str] = ()) -> dict[str, Path]:
     """Write sweep.csv, sweep.png and report.html for a load sweep."""
     out = Path(out_dir)
-    write_csv(out / "sweep.csv", frame)
+    write_csv(out / "sweep.csv", csv_frame(frame))
     png = png_bytes(sweep_figure(frame, policies))
     atomic_write_bytes(out / "sweep.png", png)
     sat = saturation_text(saturation_points(frame))
     rows = _records(frame)
     for r in rows:
         r["saturated"] = "yes" if r.get("saturated") else "no"
-    sections = [
+    point = lambda r: f"{r.get('policy', '')} @ {r.get('rate', float('nan')):g} req/s"  # noqa: E731
+    sections = _warning_sections(rows, [], point) + [
         ("Saturation", H.notes_html(sat + [SATURATION_RULE])),
         ("Latency and throughput against offered load", H.figure_html(
             png, "latency, throughput and goodput against offered load",
@@ -123,7 +148,7 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
         ("Sweep points", H.table_html(rows, SWEEP_COLUMNS, "sweep")),
         ("Policies compared (every knob)", H.notes_html(policy_knobs)),
         ("All columns (sweep.csv)", "<details><summary>show every column</summary>"
-         + H.table_html(_records(frame), _all_columns(frame), "all-columns") + "</details>"),
+         + H.table_html(_records(csv_frame(frame)), _all_columns(frame), "all-columns") + "</details>"),
         ("Definitions", H.notes_html(DEFINITIONS)),
     ]
     atomic_write_text(out / "report.html", H.page(info, sections, footer=f"batchsim {info.version}"))

@@ -9,6 +9,7 @@ the same wherever batchsim runs and scipy is not a dependency.
 from __future__ import annotations
 
 import math
+import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -55,20 +56,48 @@ def _numeric(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _seed_warnings(per_seed: Sequence) -> list[str]:
+    """Each kind of warning once (its first seed's words), with how many seeds gave it."""
+    first: dict[str, str] = {}
+    count: dict[str, int] = {}
+    for ws in per_seed:
+        for kind in dict.fromkeys(_NUMBER.sub("N", w) for w in (ws or ())):
+            count[kind] = count.get(kind, 0) + 1
+        for w in ws or ():
+            first.setdefault(_NUMBER.sub("N", w), w)
+    return [f"{w} ({count[k]} of {len(per_seed)} seeds)" for k, w in first.items()]
+
+
 def aggregate(summaries: Iterable[dict]) -> dict:
     """Average summaries of one configuration over seeds.
 
     Numeric keys become their mean followed by ``<key>_ci95`` (the CI's
-    half-width); other keys (the policy name) are taken from the first
-    summary. Key order follows the first summary, so CSV columns are stable.
+    half-width); a numeric key that is None (a null latency) in any seed is
+    None, CI too: a mean over the other seeds would hide that one had no
+    measured request. ``warnings`` has each kind of warning once, with how
+    many seeds gave it; ``rejected_by_reason`` is the mean count per kind; other keys (the
+    policy name) are taken from the first summary. Key order follows the
+    first summary, so CSV columns are stable.
     """
     rows = list(summaries)
     if not rows:
         raise ValueError("nothing to aggregate")
     out: dict = {}
     for key, first in rows[0].items():
-        if _numeric(first):
-            mean, half = mean_ci([float(r[key]) for r in rows])
+        values = [r.get(key) for r in rows]
+        if key == "warnings":
+            out[key] = _seed_warnings(values)
+        elif key == "rejected_by_reason":
+            kinds = dict.fromkeys(k for v in values for k in (v or {}))
+            out[key] = {k: sum(float((v or {}).get(k, 0)) for v in values) / len(rows) for k in kinds}
+        elif any(_numeric(v) for v in values) or (first is None and key.endswith("_ms")):
+            if any(v is None for v in values):
+                out[key], out[key + CI_SUFFIX] = None, None
+                continue
+            mean, half = mean_ci([float(v) for v in values])
             out[key] = mean
             out[key + CI_SUFFIX] = half
         else:

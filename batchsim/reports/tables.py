@@ -9,6 +9,7 @@ and seed give the same bytes.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Sequence
 
@@ -17,27 +18,55 @@ import pandas as pd
 from batchsim.reports.runs import PolicyRun
 from batchsim.reports.stats import CI_SUFFIX
 
-__all__ = ["summary_frame", "runs_frame", "Column", "LATENCY_COLUMNS", "UTILIZATION_COLUMNS", "SWEEP_COLUMNS",
-           "format_cell", "table_rows", "CSV_FLOAT_FORMAT"]
+__all__ = ["summary_frame", "runs_frame", "csv_frame", "rejection_rows", "Column", "LATENCY_COLUMNS",
+           "UTILIZATION_COLUMNS", "SWEEP_COLUMNS", "REJECTION_COLUMNS", "format_cell", "table_rows",
+           "CSV_FLOAT_FORMAT"]
 
 CSV_FLOAT_FORMAT = "%.9g"
 
 
 def summary_frame(runs: Sequence[PolicyRun]) -> pd.DataFrame:
-    """One row per policy: its summary (one seed) or its means and CIs (several)."""
+    """One row per policy: its summary (one seed) or its means and CIs (several); dict and
+    list values (``rejected_by_reason``, ``warnings``) as JSON text (:func:`csv_frame`)."""
     rows = []
     for run in runs:
         stats = run.stats()
         if run.seeds > 1:
             stats = {"policy": stats.pop("policy", run.policy), "seeds": run.seeds, **stats}
         rows.append(stats)
-    return pd.DataFrame(rows)
+    return csv_frame(pd.DataFrame(rows))
+
+
+def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with its dict and list cells (``rejected_by_reason``,
+    ``warnings``) as JSON text, so a CSV reader can parse them back."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object and out[col].map(lambda v: isinstance(v, (dict, list, tuple))).any():
+            out[col] = out[col].map(lambda v: json.dumps(v, ensure_ascii=False)
+                                    if isinstance(v, (dict, list, tuple)) else v)
+    return out
+
+
+def rejection_rows(runs: Sequence[PolicyRun]) -> list[dict]:
+    """A row per policy that rejected requests: how many, of how many measured, and by kind."""
+    rows = []
+    for run in runs:
+        s = run.stats()
+        if not s.get("rejected"):
+            continue
+        kinds = s.get("rejected_by_reason") or {}
+        measured = s.get("measured_requests") or 0
+        rows.append({"policy": run.policy, "rejected": s["rejected"], "measured_requests": measured,
+                     "rejected_share": s["rejected"] / measured if measured else float("nan"),
+                     "by_reason": ", ".join(f"{n:g} {k}" for k, n in kinds.items())})
+    return rows
 
 
 def runs_frame(runs: Sequence[PolicyRun]) -> pd.DataFrame:
     """One row per (policy, seed index): every run's own summary."""
     rows = [{"seed_index": i, **s} for run in runs for i, s in enumerate(run.summaries)]
-    return pd.DataFrame(rows)
+    return csv_frame(pd.DataFrame(rows))
 
 
 class Column:
@@ -97,6 +126,15 @@ SWEEP_COLUMNS: tuple[Column, ...] = (
 )
 
 
+REJECTION_COLUMNS = (
+    Column("policy", "policy", "text"),
+    Column("rejected", "rejected", "int"),
+    Column("measured requests", "measured_requests", "int"),
+    Column("share rejected", "rejected_share", "pct"),
+    Column("by reason", "by_reason", "text"),
+)
+
+
 def _fmt(value: float, kind: str) -> str:
     if kind == "pct":
         return f"{100.0 * value:.1f}%"
@@ -110,6 +148,8 @@ def _fmt(value: float, kind: str) -> str:
 def format_cell(row: dict, col: Column) -> tuple[str, str, str]:
     """``(shown value, "± half-width" or "", sort key)`` of one cell."""
     value = row.get(col.key, "")
+    if value is None:  # a null metric: no measured request has it
+        return "—", "", ""
     if col.kind == "text" or not isinstance(value, (int, float)) or isinstance(value, bool):
         return str(value), "", str(value)
     if isinstance(value, float) and math.isnan(value):

@@ -313,13 +313,13 @@ class ItlAggregate(_Chunked):
     def _bin(g: np.ndarray) -> np.ndarray:
         return np.floor(np.log(np.maximum(g, _ITL_G0) / _ITL_G0) / _ITL_WIDTH).astype(np.int64)
 
-    def stats(self, prefix: str, percentiles) -> dict[str, float]:
+    def stats(self, prefix: str, percentiles) -> dict[str, float | None]:
         """``mean_/std_/median_/pNN_{prefix}_ms`` as :func:`batchsim.sim.metrics._stats` names them."""
         self._flush()
         n = sum(self._n)
-        out = {f"mean_{prefix}_ms": 0.0, f"std_{prefix}_ms": 0.0}
-        if not n:
-            out.update({("median" if p == 50 else f"p{p}") + f"_{prefix}_ms": 0.0 for p in percentiles})
+        out = {f"mean_{prefix}_ms": None, f"std_{prefix}_ms": None}
+        if not n:  # no gap measured: null, as batchsim.sim.metrics._stats says
+            out.update({("median" if p == 50 else f"p{p}") + f"_{prefix}_ms": None for p in percentiles})
             return out
         total = sq = 0.0
         for s, q in zip(self._sum, self._sq):

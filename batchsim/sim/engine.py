@@ -97,6 +97,9 @@ class Replica:
             if self.kv.prefix_caching:
                 self._peek()
             plan = self.policy.schedule(self.view)
+            if not isinstance(plan, BatchPlan):
+                raise PolicyError(f"{self.policy.name}: schedule() returned {type(plan).__name__}; "
+                                  "expected a batchsim.sim.types.BatchPlan")
             preempted = self._admit(plan)
             if not plan.num_tokens:
                 if plan.release or plan.reject or plan.preempt:

@@ -4,21 +4,71 @@ Latency percentiles are over the requests in the measured window (arrival in
 ``[warmup_s, last_arrival - cooldown_s]``); ITL percentiles over every gap
 of those requests. Utilization is over the whole simulated time of all
 replicas. See DESIGN.md "Semantics everyone must agree on".
+
+A latency statistic no measured request has (an empty measured window, or no
+request with two tokens for TPOT) is ``None`` (null in JSON, empty in CSV),
+never 0. ``warnings`` says why in words, and says when the window is too thin
+to trust a p99 (:data:`MIN_REQUESTS`). ``rejected_by_reason`` counts the
+measured window's rejections by kind (:func:`rejection_kind`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
-__all__ = ["RunTotals", "summarize", "PERCENTILES", "LATENCY_METRICS"]
+__all__ = ["RunTotals", "summarize", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
+           "rejections_by_kind", "latency_keys", "thin_window"]
 
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+# The kinds of rejection reasons the engine and the built-in policies give
+# (batchsim.sim.engine too_long/over_kv/queue_full, batchsim.policies.step over_budget;
+# the compiled core gives the same words), matched without their numbers.
+_KINDS: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"^prompt\+output \d+ > max_model_len \d+$"), "over max_model_len"),
+    (re.compile(r"^prompt\+output \d+ tokens > KV capacity \d+$"), "over KV capacity"),
+    (re.compile(r"^queue full \(\d+ waiting\)$"), "queue full"),
+    (re.compile(r"^needs \d+ tokens in one step but max_num_batched_tokens is \d+$"),
+     "over max_num_batched_tokens"),
+)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def rejection_kind(reason: str) -> str:
+    """A rejection reason without its numbers: ``"over max_num_batched_tokens"``,
+    ``"over max_model_len"``, ``"over KV capacity"``, ``"queue full"``; any other
+    reason (a plugin's) with each number replaced by ``N``."""
+    text = str(reason or "").strip()
+    for pattern, kind in _KINDS:
+        if pattern.match(text):
+            return kind
+    return _NUMBER.sub("N", text) or "no reason given"
+
+
+def rejections_by_kind(reasons) -> dict[str, int]:
+    """``{kind: count}`` of rejection reasons, most frequent first (then by name)."""
+    counts: dict[str, int] = {}
+    for r in reasons:
+        k = rejection_kind(r)
+        counts[k] = counts.get(k, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def latency_keys() -> tuple[str, ...]:
+    """Every summary latency key that is None when no measured request has it."""
+    keys = [f"{s}_{m}_ms" for m in LATENCY_METRICS
+            for s in ("mean", "std", *("median" if p == 50 else f"p{p}" for p in PERCENTILES))]
+    return (*keys, "max_itl_ms")
 
 
 @dataclass(frozen=True)
@@ -35,13 +85,14 @@ class RunTotals:
     cooldown_s: float = 0.0
 
 
-def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
+def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:
+    """mean/std/percentiles in ms of the non-NaN values; None when there are none."""
     v = values_s[~np.isnan(values_s)] * 1000.0
-    out = {f"mean_{prefix}_ms": float(v.mean()) if len(v) else 0.0,
-           f"std_{prefix}_ms": float(v.std()) if len(v) else 0.0}
+    out = {f"mean_{prefix}_ms": float(v.mean()) if len(v) else None,
+           f"std_{prefix}_ms": float(v.std()) if len(v) else None}
     for p in PERCENTILES:
         key = "median" if p == 50 else f"p{p}"
-        out[f"{key}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else 0.0
+        out[f"{key}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else None
     return out
 
 
@@ -105,10 +156,45 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
             s.update(itl.stats(name, PERCENTILES))
             continue
         s.update(_stats(name, np.asarray(vals, dtype=float)))
-    s["max_itl_ms"] = float(done["max_itl"].max() * 1000.0) if len(done) else 0.0
+    max_itl = float(done["max_itl"].max() * 1000.0) if len(done) else math.nan
+    s["max_itl_ms"] = max_itl if math.isfinite(max_itl) else None
     s["preemptions"] = int(requests["preemptions"].sum()) if len(requests) else 0
     s.update(_utilization(steps, totals))
+    rejected = win[win["status"] == REJECTED]
+    s["rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist()) if len(rejected) else {}
+    s["warnings"] = _warnings(s, requests, totals)
     return s
+
+
+def _warnings(s: dict, requests: pd.DataFrame, totals: RunTotals) -> list[str]:
+    """What a reader must know before trusting the summary's latencies, in words."""
+    out: list[str] = []
+    if not len(requests):
+        return ["no requests arrived"]
+    if not s["measured_requests"]:
+        last, w, c = float(requests["arrival"].max()), totals.warmup_s, totals.cooldown_s
+        if w + c >= last:
+            window = f"measure.warmup_s {w:g} s" + (f" + cooldown_s {c:g} s" if c else "")
+            why = f"{window} >= the last arrival at {last:.4g} s"
+        else:
+            why = f"none arrived in [{w:g} s, {last - c:.4g} s]"
+        out.append(f"no requests in the measured window ({why}): every latency is null")
+    elif not s["completed"]:
+        out.append(f"none of the {s['measured_requests']} requests in the measured window completed "
+                   f"({s['rejected']} rejected, {s['unfinished']} unfinished): every latency is null")
+    else:
+        thin = thin_window(s["completed"])
+        if thin:
+            out.append(thin)
+        if s["unfinished"]:
+            out.append(f"{s['unfinished']} of {s['measured_requests']} measured requests unfinished at the "
+                       "horizon: the latencies cover only the completed ones")
+    if s["rejected"]:
+        kinds = ", ".join(f"{n} {k}" for k, n in s["rejected_by_reason"].items())
+        out.append(f"{s['rejected']} of {s['measured_requests']} measured requests rejected ({kinds}): they "
+                   f"never ran, so goodput counts them as failing and the latencies and throughputs describe "
+                   f"only the {s['completed']} served")
+    return out
 
 
 def step_sums(steps: pd.DataFrame) -> dict:

@@ -68,9 +68,11 @@ def resolve(path: str | Path, base_dir: Path | None) -> Path:
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
     try:
-        found = p.is_file()
+        found, folder = p.is_file(), p.is_dir()
     except (OSError, ValueError):  # a name the OS refuses: a NUL byte, too long
-        found = False
+        found = folder = False
+    if folder:
+        raise InputError(f"is a folder (resolved to {os.path.abspath(p)}); expected a trace file", str(path))
     if not found:
         raise InputError(f"file not found (resolved to {os.path.abspath(p)}); expected an existing trace file", str(path))
     return p

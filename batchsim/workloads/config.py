@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from batchsim.sim.errors import bool_as_number
 
 __all__ = [
     "PoissonArrival", "GammaArrival", "ConstantArrival", "OnOffArrival",
@@ -19,7 +22,7 @@ __all__ = [
     "FixedLength", "UniformLength", "LognormalLength", "EmpiricalLength", "LengthConfig",
     "TraceColumns", "LengthColumns", "AzureTrace", "MooncakeTrace", "BurstGPTTrace",
     "VllmBenchTrace", "CsvTrace", "JsonlTrace", "LengthsTrace", "TraceConfig",
-    "TIMED_FORMATS", "WorkloadConfig", "MAX_TOKENS", "MAX_REQUESTS", "MAX_PERIOD_REQUESTS",
+    "TIMED_FORMATS", "WorkloadConfig", "NoBoolNumbers", "MAX_TOKENS", "MAX_REQUESTS", "MAX_PERIOD_REQUESTS",
 ]
 
 
@@ -29,7 +32,27 @@ MAX_REQUESTS = 100_000_000
 """Most requests a workload may generate (beyond it, memory runs out before the simulation starts)."""
 
 
-class _Model(BaseModel):
+class NoBoolNumbers(BaseModel):
+    """A base model whose number fields refuse booleans (the scenario's models share it)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _no_bool_numbers(cls, data, handler):
+        # NOTE: pydantic reads true as 1: `num_requests: true` ran one request.
+        # (A model validator: pydantic refuses a wrap validator on a union's tag field.)
+        out = handler(data)
+        if isinstance(data, dict):
+            for key, value in data.items():
+                kind = bool_as_number(value, getattr(out, key, value)) if isinstance(key, str) else None
+                if kind is not None:
+                    raise ValidationError.from_exception_data(cls.__name__, [{
+                        "type": PydanticCustomError("bool_number", "Input should be {kind}, not a boolean",
+                                                    {"kind": kind}),
+                        "loc": (key,), "input": value}])
+        return out
+
+
+class _Model(NoBoolNumbers):
     # NOTE: inf/NaN are refused everywhere: an infinite rate, duration or phase
     # made arrival generation loop forever, an infinite median gave 1-token lengths.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -36,10 +36,13 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.io import write_csv, write_json
 from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
 from batchsim.app.capacity.grid import PlanConfig, build_configs
-from batchsim.app.capacity.search import SLO_METRICS
+from batchsim.app.capacity.search import MIN_REQUESTS, SLO_METRICS
 from batchsim.app.capacity.worker import ConfigOutcome, ConfigTask, search_config
 
-__all__ = ["PlanSpec", "PlanResult", "plan", "plan_rows", "write_plan", "run_searches"]
+__all__ = ["PlanSpec", "PlanResult", "plan", "plan_rows", "write_plan", "run_searches", "problem_lines",
+           "NOT_EVALUABLE", "REJECTS"]
+
+NOT_EVALUABLE, REJECTS = "not evaluable", "rejects requests"  # ConfigOutcome.status values
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class PlanSpec:
     price_table: str | None = None  # default batchsim/calibrate/prices.yaml
     tol: float = 0.05  # relative width of the final bracket
     pareto_metric: str = "p99_e2el_ms"
+    min_requests: int = MIN_REQUESTS  # completed measured requests a point needs to be evaluable
+    allow_rejections: bool = False  # plan configurations that reject requests at any load
 
     def check(self) -> None:
         """Raise InputError for values no search could use."""
@@ -69,6 +74,8 @@ class PlanSpec:
             raise InputError(f"the tolerance must be in (0, 1), got {self.tol:g}", "--tol")
         if self.target_rate is not None and not (self.target_rate > 0 and math.isfinite(self.target_rate)):
             raise InputError(f"must be a positive number of requests/s, got {self.target_rate}", "--target-rate")
+        if isinstance(self.min_requests, bool) or not isinstance(self.min_requests, int) or self.min_requests < 1:
+            raise InputError(f"must be a whole number >= 1, got {self.min_requests!r}", "--min-requests")
 
 
 @dataclass
@@ -90,7 +97,8 @@ def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str 
     from batchsim.reports.progress import progress
     from batchsim.app.workers import run_tasks
 
-    tasks = [ConfigTask(c, base_dir, tuple(spec.slos.items()), spec.tol, points_dir) for c in configs]
+    tasks = [ConfigTask(c, base_dir, tuple(spec.slos.items()), spec.tol, points_dir, spec.min_requests,
+                        spec.allow_rejections) for c in configs]
     outcomes: list[ConfigOutcome | None] = [None] * len(tasks)
     with progress(len(tasks), "plan", show_progress) as advance:
         for idx, outcome in run_tasks(task_fn, tasks, executor, workers, ray_address):
@@ -127,6 +135,7 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                "capacity_rps": o.capacity, "output_tok_s": m.get("output_throughput")}
         row.update({k: m.get(k) for k in metrics})
         row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points,
+                   rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=prices[c.hardware], target_rps=spec.target_rate)
         row.update(cost_columns(o.capacity, c.tp, prices[c.hardware], o.mean_output_tokens, spec.target_rate))
         rows.append(row)
@@ -140,6 +149,22 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
     rows.sort(key=lambda r: (r["usd_per_1m_output_tokens"] is None, r["usd_per_1m_output_tokens"] or 0.0,
                              -r["capacity_rps"], r["config"]))
     return pd.DataFrame(rows)
+
+
+def problem_lines(frame: pd.DataFrame) -> list[str]:
+    """One line per configuration that has no capacity because a point could not be judged
+    (``NOT EVALUABLE ...``) or because it rejects requests at any load (``REJECTS ...``),
+    and one per configuration whose capacity counts rejected requests (``--allow-rejections``)."""
+    lines = []
+    for r in frame.to_dict(orient="records"):
+        if r["status"] == NOT_EVALUABLE:
+            lines.append(f"NOT EVALUABLE {r['config']}: {r['limit_reason']}")
+        elif r["status"] == REJECTS:
+            lines.append(f"REJECTS {r['config']}: {r['limit_reason']}")
+        elif r["status"] == "ok" and r.get("rejected"):
+            lines.append(f"warning: {r['config']}: its capacity rejects {int(r['rejected'])} requests "
+                         "(allowed by --allow-rejections); they count as failing, not as served")
+    return lines
 
 
 def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], prices: Mapping[str, float],
@@ -160,7 +185,10 @@ def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], pri
                            f"{', '.join(dict.fromkeys(c.policy for c in configs))}"),
         ("workload", describe_workload(scenario)),
         ("search", f"bracket by doubling, bisect to {spec.tol:.0%}; {simulated + reused} points "
-                   f"({reused} reused from earlier runs)"),
+                   f"({reused} reused from earlier runs); a point needs {spec.min_requests} completed "
+                   "measured requests to be evaluable"),
+        ("rejections", "allowed (--allow-rejections): rejected requests count as failing" if spec.allow_rejections
+         else "a configuration that rejects requests at any load is refused"),
         ("prices (USD/GPU-hour)", ", ".join(f"{h} {p:g}" for h, p in prices.items())
          + f" (from {Path(spec.price_table or PRICES_FILE).name} and --price)"),
     )
@@ -198,7 +226,8 @@ def write_plan(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
     records = result.frame.astype(object).where(result.frame.notna(), None).to_dict(orient="records")
     write_json(out / "plan.json", {
         "slos": dict(spec.slos), "target_rate": spec.target_rate, "tol": spec.tol,
-        "pareto_metric": spec.pareto_metric, "configurations": records})
+        "pareto_metric": spec.pareto_metric, "min_requests": spec.min_requests,
+        "allow_rejections": spec.allow_rejections, "configurations": records})
     html = write_plan_report(out, result.frame, result.info, list(spec.slos), spec.pareto_metric,
-                             spec.target_rate)
+                             spec.target_rate, spec.allow_rejections, problem_lines(result.frame))
     return {"plan.csv": out / "plan.csv", "plan.json": out / "plan.json", "plan.html": html}

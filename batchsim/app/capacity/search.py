@@ -12,6 +12,12 @@ rates passed, and a point's metrics do not depend on the SLO. So a looser SLO
 (one that passes every rate a tighter one passes) can only keep a bracket
 higher: the capacity found is monotone in the SLO even when the metrics are
 noisy in the rate (the proof is in docs/capacity-planning.md).
+
+A point can also be *not evaluable* (too few completed requests in its
+measured window to trust a p99, or a null SLO metric) or *refused* (the
+configuration rejects requests at any load): neither passes nor fails, and the
+search stops there with no capacity (:class:`SearchOutcome` ``status``),
+since a bracket continued past it would measure the window, not the SLO.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from batchsim.sim.errors import InputError
+from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
-__all__ = ["SLO_METRICS", "MIN_COMPLETED", "parse_slos", "verdict", "search", "SearchOutcome", "nice_rate"]
+__all__ = ["SLO_METRICS", "MIN_COMPLETED", "MIN_REQUESTS", "LOAD_DEPENDENT_REJECTIONS", "PASS", "FAIL",
+           "NOT_EVALUABLE", "REFUSED", "parse_slos", "judge", "verdict", "search", "SearchOutcome", "nice_rate"]
 
 _STATS = ("mean", "median", "p90", "p99")
 # Summary keys (milliseconds) an SLO may bound; the *_queue_ms ones are computed
@@ -32,6 +40,15 @@ SLO_METRICS: tuple[str, ...] = tuple(
 ) + ("max_itl_ms", "max_queue_ms")
 
 MIN_COMPLETED = 0.99  # a point also fails when fewer of its measured requests complete
+
+# A rejection of these kinds (batchsim.sim.metrics.rejection_kind) is overload: it fails
+# the point. Any other kind (a request over max_model_len, the KV capacity or the step
+# budget) depends only on the request's lengths, so the configuration rejects it at
+# every load: the configuration is refused unless rejections are allowed.
+LOAD_DEPENDENT_REJECTIONS = ("queue full",)
+
+PASS, FAIL, NOT_EVALUABLE, REFUSED = "pass", "fail", "not evaluable", "refused"
+_REMEDY = "raise workload.num_requests, or lower measure.warmup_s/cooldown_s"
 
 
 def parse_slos(items: Sequence[str] | None) -> dict[str, float]:
@@ -64,27 +81,66 @@ def parse_slos(items: Sequence[str] | None) -> dict[str, float]:
     return out
 
 
-def verdict(metrics: Mapping[str, float], slos: Mapping[str, float]) -> tuple[bool, str]:
-    """``(meets every SLO, why not)`` for one point's metrics.
+def _kinds_text(kinds: Mapping[str, float]) -> str:
+    return ", ".join(f"{int(n)} {k}" for k, n in kinds.items())
+
+
+def judge(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_REQUESTS,
+          allow_rejections: bool = False) -> tuple[str, str]:
+    """``(PASS | FAIL | NOT_EVALUABLE | REFUSED, why)`` for one point's metrics.
+
+    In order: rejections of a load-independent kind (``all_rejected_by_reason``)
+    *refuse* the configuration unless ``allow_rejections`` (then they are
+    tolerated: the completion rule below counts only the requests not rejected);
+    any other rejection, and any request unfinished at the horizon, fails the
+    point; fewer than ``min_requests`` completed in the measured window (when
+    the point says how many), or a null SLO metric, makes it *not evaluable*;
+    fewer than :data:`MIN_COMPLETED` of its measured requests completed fails it;
+    then each SLO.
+    """
+    rejected = int(metrics.get("all_rejected", metrics.get("rejected", 0)) or 0)
+    kinds = dict(metrics.get("all_rejected_by_reason") or {})
+    fixed = {k: n for k, n in kinds.items() if k not in LOAD_DEPENDENT_REJECTIONS}
+    overload = rejected - int(sum(fixed.values()))
+    if fixed and not allow_rejections:
+        return REFUSED, (f"rejects {int(sum(fixed.values()))} of {int(metrics.get('num_requests', 0) or 0)} "
+                         f"requests at any load ({_kinds_text(fixed)}); raise the limit, or plan with "
+                         "--allow-rejections")
+    if overload:
+        load = {k: n for k, n in kinds.items() if k in LOAD_DEPENDENT_REJECTIONS}
+        return FAIL, f"{overload} requests rejected" + (f" ({_kinds_text(load)})" if load else "")
+    unfinished = int(metrics.get("all_unfinished", metrics.get("unfinished", 0)) or 0)
+    if unfinished:
+        return FAIL, f"{unfinished} requests unfinished at the horizon"
+    if "completed" in metrics:
+        done = int(metrics["completed"] or 0)
+        if "measured_requests" in metrics and not metrics["measured_requests"]:
+            return NOT_EVALUABLE, f"no request arrived in the measured window; {_REMEDY}"
+        if done < min_requests:
+            return NOT_EVALUABLE, f"{thin_window(done, min_requests)}; {_REMEDY}"
+    measured = int(metrics.get("measured_requests", 0) or 0) - int(metrics.get("rejected", 0) or 0)
+    if measured > 0 and metrics.get("completed", 0) < MIN_COMPLETED * measured:
+        return FAIL, f"only {int(metrics['completed'])} of {measured} requests completed"
+    for name, limit in slos.items():
+        value = metrics.get(name)
+        if value is None or not math.isfinite(float(value)):
+            return NOT_EVALUABLE, f"{name} is null: no measured request has it"
+        if float(value) > limit:
+            return FAIL, f"{name} {float(value):.6g} > {limit:g}"
+    return PASS, ""
+
+
+def verdict(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_REQUESTS,
+            allow_rejections: bool = False) -> tuple[bool, str]:
+    """``(meets every SLO, why not)`` for one point's metrics (:func:`judge`: a point
+    that is not evaluable or refused does not meet the SLO).
 
     A point with any rejected or unfinished request, or with fewer than
     :data:`MIN_COMPLETED` of its measured requests completed, fails whatever
     its latencies (those would describe only the requests that got through).
     """
-    rejected = int(metrics.get("all_rejected", metrics.get("rejected", 0)))
-    unfinished = int(metrics.get("all_unfinished", metrics.get("unfinished", 0)))
-    if rejected:
-        return False, f"{rejected} requests rejected"
-    if unfinished:
-        return False, f"{unfinished} requests unfinished at the horizon"
-    measured = metrics.get("measured_requests", 0)
-    if measured and metrics.get("completed", 0) < MIN_COMPLETED * measured:
-        return False, f"only {int(metrics['completed'])} of {int(measured)} requests completed"
-    for name, limit in slos.items():
-        value = float(metrics[name])
-        if value > limit:
-            return False, f"{name} {value:.6g} > {limit:g}"
-    return True, ""
+    status, why = judge(metrics, slos, min_requests, allow_rejections)
+    return status == PASS, why
 
 
 def nice_rate(rate: float) -> float:
@@ -102,7 +158,9 @@ class SearchOutcome:
     ``metrics`` the metrics there; ``limit_rate`` is the lowest failing rate
     above it (the bracket's top; None if every rate tried passed) and
     ``limit_reason`` why it failed. ``trail`` lists ``(rate, passed)`` in the
-    order tried.
+    order tried. ``status`` is PASS or FAIL (capacity > 0 or not), or
+    NOT_EVALUABLE / REFUSED when the search stopped at such a point
+    (``limit_rate``): then ``capacity`` is 0.0 and ``metrics`` None.
     """
 
     capacity: float
@@ -110,10 +168,20 @@ class SearchOutcome:
     limit_rate: float | None
     limit_reason: str
     trail: list[tuple[float, bool]] = field(default_factory=list)
+    status: str = PASS
+
+
+class _Stop(Exception):
+    """A point that neither passes nor fails: the search ends there."""
+
+    def __init__(self, rate: float, status: str, why: str) -> None:
+        super().__init__(why)
+        self.rate, self.status, self.why = rate, status, why
 
 
 def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, float], start: float,
-           tol: float = 0.05, max_doublings: int = 16, max_halvings: int = 5) -> SearchOutcome:
+           tol: float = 0.05, max_doublings: int = 16, max_halvings: int = 5,
+           min_requests: int = MIN_REQUESTS, allow_rejections: bool = False) -> SearchOutcome:
     """Bracket then bisect the highest rate whose point meets ``slos``.
 
     Doubles from ``start`` while points pass (at most ``max_doublings``
@@ -132,21 +200,31 @@ def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, 
     def probe(rate: float) -> bool:
         if rate not in seen:
             m = dict(evaluate(rate))
-            ok, why = verdict(m, slos)
-            seen[rate] = (ok, why, m)
+            status, why = judge(m, slos, min_requests, allow_rejections)
+            if status in (NOT_EVALUABLE, REFUSED):
+                trail.append((rate, False))
+                raise _Stop(rate, status, why)
+            seen[rate] = (status == PASS, why, m)
         trail.append((rate, seen[rate][0]))
         return seen[rate][0]
 
-    lo, hi = _bracket(probe, nice_rate(start), max_doublings, max_halvings)
-    if lo is None:
-        return SearchOutcome(0.0, None, hi, f"fails even at {hi:.4g} req/s: {seen[hi][1]}", trail)
-    while hi is not None and hi - lo > tol * lo:
-        mid = (lo + hi) / 2.0
-        if probe(mid):
-            lo = mid
-        else:
-            hi = mid
-    return SearchOutcome(lo, seen[lo][2], hi, seen[hi][1] if hi is not None else "", trail)
+    try:
+        lo, hi = _bracket(probe, nice_rate(start), max_doublings, max_halvings)
+        if lo is None:
+            return SearchOutcome(0.0, None, hi, f"fails even at {hi:.4g} req/s: {seen[hi][1]}", trail, FAIL)
+        while hi is not None and hi - lo > tol * lo:
+            mid = (lo + hi) / 2.0
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+    except _Stop as stop:
+        passed = [r for r, (ok, _, _) in seen.items() if ok]
+        why = stop.why if stop.status == REFUSED else f"{stop.status} at {stop.rate:.4g} req/s: {stop.why}"
+        if stop.status == NOT_EVALUABLE and passed:
+            why += f" (every SLO was met at {max(passed):.4g} req/s, but the search cannot go past this point)"
+        return SearchOutcome(0.0, None, stop.rate, why, trail, stop.status)
+    return SearchOutcome(lo, seen[lo][2], hi, seen[hi][1] if hi is not None else "", trail, PASS)
 
 
 def _bracket(probe: Callable[[float], bool], start: float, max_doublings: int,

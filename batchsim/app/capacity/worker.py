@@ -29,7 +29,8 @@ from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
 from batchsim.sim.io import write_json
 from batchsim.app.capacity.grid import PlanConfig
-from batchsim.app.capacity.search import search
+from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, search
+from batchsim.sim.metrics import rejections_by_kind
 
 __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_metrics", "search_config",
            "HORIZON_SPANS", "HORIZON_DRAINS", "ESTIMATE_BATCH", "POINT_FORMAT"]
@@ -40,7 +41,8 @@ __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_
 HORIZON_SPANS = 2.0
 HORIZON_DRAINS = 10.0
 ESTIMATE_BATCH = 16  # the start rate assumes this many sequences decode together
-POINT_FORMAT = 1  # bump when a point's meaning changes (invalidates stored points)
+POINT_FORMAT = 2  # bump when a point's meaning changes (invalidates stored points)
+# 2: null latencies (not 0.0) when nothing was measured; all_rejected_by_reason
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class ConfigTask:
     slos: tuple[tuple[str, float], ...]
     tol: float
     points_dir: str | None
+    min_requests: int = MIN_REQUESTS
+    allow_rejections: bool = False
 
 
 @dataclass
@@ -59,7 +63,7 @@ class ConfigOutcome:
     """What a search task sends back (``new_points``: the points it simulated)."""
 
     label: str
-    status: str  # "ok", "SLO not met" or "does not fit"
+    status: str  # "ok", "SLO not met", "does not fit", "not evaluable" or "rejects requests"
     capacity: float = 0.0
     metrics: dict | None = None
     limit_rate: float | None = None
@@ -83,17 +87,17 @@ def point_key(point_scenario: dict, base_dir: str | None) -> str:
 
 def queue_metrics(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> dict:
     """Queueing delay (first admission - arrival, ms) of the completed requests
-    in the measured window: mean, median, p90, p99 and max."""
+    in the measured window: mean, median, p90, p99 and max (None when there are none)."""
     names = ("mean", "median", "p90", "p99", "max")
     if requests.empty:
-        return {f"{n}_queue_ms": 0.0 for n in names}
+        return {f"{n}_queue_ms": None for n in names}
     hi = requests["arrival"].max() - cooldown_s
     win = requests[(requests["arrival"] >= warmup_s) & (requests["arrival"] <= hi)
                    & (requests["status"] == "completed")]
     q = ((win["admitted"] - win["arrival"]).to_numpy(dtype=float) * 1000.0)
     q = q[~np.isnan(q)]
     if not len(q):
-        return {f"{n}_queue_ms": 0.0 for n in names}
+        return {f"{n}_queue_ms": None for n in names}
     vals = (q.mean(), np.percentile(q, 50), np.percentile(q, 90), np.percentile(q, 99), q.max())
     return {f"{n}_queue_ms": float(v) for n, v in zip(names, vals)}
 
@@ -157,9 +161,13 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     sc = scenario_from_dict(data, "plan point")
     result = run_scenario(sc, Path(base_dir) if base_dir else None)
     req = result.requests
-    metrics = {k: v for k, v in result.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    # NOTE: None (a null latency) is kept: a missing SLO metric is "not evaluable", not a pass
+    metrics = {k: v for k, v in result.summary.items()
+               if v is None and k != "engine_reason" or isinstance(v, (int, float)) and not isinstance(v, bool)}
     metrics.update(queue_metrics(req, sc.measure.warmup_s, sc.measure.cooldown_s))
-    metrics["all_rejected"] = int((req["status"] == "rejected").sum())
+    rejected = req[req["status"] == "rejected"]
+    metrics["all_rejected"] = int(len(rejected))
+    metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
     metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())
     return metrics
 
@@ -194,10 +202,15 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
         out.new_points[key] = record
         return record["metrics"]
 
-    found = search(evaluate, dict(task.slos), est["start"], task.tol)
+    found = search(evaluate, dict(task.slos), est["start"], task.tol, min_requests=task.min_requests,
+                   allow_rejections=task.allow_rejections)
     out.capacity, out.metrics = found.capacity, found.metrics
     out.limit_rate, out.limit_reason = found.limit_rate, found.limit_reason
     out.points = len({r for r, _ in found.trail})
-    if found.capacity <= 0:
+    if found.status == NOT_EVALUABLE:
+        out.status = "not evaluable"
+    elif found.status == REFUSED:
+        out.status = "rejects requests"
+    elif found.capacity <= 0:
         out.status = "SLO not met"
     return out

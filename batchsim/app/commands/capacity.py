@@ -3,7 +3,10 @@
 Thin: parses the options into a :class:`batchsim.app.capacity.planner.PlanSpec`, calls
 :func:`batchsim.app.capacity.planner.plan` and :func:`batchsim.app.capacity.planner.write_plan`, prints the table
 sorted by cost and how many points were simulated or reused (a rerun into
-the same ``--out`` resumes). Bad input is an InputError (exit 2).
+the same ``--out`` resumes), then one line per configuration without a
+capacity because a point was not evaluable (``NOT EVALUABLE``) or because it
+rejects requests (``REJECTS``). Bad input is an InputError (exit 2); a plan in
+which no configuration is evaluable exits 1 (it answers nothing).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchsim.app.commands.compare import ExecutorOpt, SetOpt, WorkersOpt
+from batchsim.sim.measure import MIN_REQUESTS
 
 __all__ = ["register", "plan_command"]
 
@@ -34,6 +38,11 @@ def plan_command(
     prices: Annotated[Optional[Path], typer.Option(help="price table YAML (default batchsim/calibrate/prices.yaml)")] = None,
     tol: Annotated[float, typer.Option(help="stop bisecting when the bracket is within this fraction of its low end")] = 0.05,
     pareto_metric: Annotated[str, typer.Option(help="latency axis of the Pareto front")] = "p99_e2el_ms",
+    min_requests: Annotated[int, typer.Option(min=1, help="completed requests a point needs in its measured window to be "
+                                                          "evaluable (fewer: a p99 is about the maximum)")] = MIN_REQUESTS,
+    allow_rejections: Annotated[bool, typer.Option("--allow-rejections", help="plan configurations that reject requests "
+                                                   "at any load (too long for max_model_len, the KV cache or the step "
+                                                   "budget); rejected requests then count as failing")] = False,
     out: Annotated[Optional[Path], typer.Option(help="output folder; rerunning into it resumes (default runs/plan-<scenario>)")] = None,
     set_: SetOpt = None,
     executor: ExecutorOpt = "local",
@@ -45,7 +54,7 @@ def plan_command(
 
     from batchsim.reports.capacity import console_table
     from batchsim.app.commands.compare import load_for_command
-    from batchsim.app.capacity.planner import PlanSpec, plan, write_plan
+    from batchsim.app.capacity.planner import NOT_EVALUABLE, PlanSpec, plan, problem_lines, write_plan
     from batchsim.app.capacity.costs import parse_prices
     from batchsim.app.capacity.grid import parse_knobs, parse_names, parse_tps
     from batchsim.app.capacity.search import parse_slos
@@ -53,7 +62,8 @@ def plan_command(
     spec = PlanSpec(slos=parse_slos(slo), hardware=parse_names(hardware, "--hardware"), tps=parse_tps(tp),
                     policies=parse_names(policies, "--policies"), knobs=parse_knobs(knob),
                     target_rate=target_rate, prices=parse_prices(price),
-                    price_table=str(prices) if prices is not None else None, tol=tol, pareto_metric=pareto_metric)
+                    price_table=str(prices) if prices is not None else None, tol=tol, pareto_metric=pareto_metric,
+                    min_requests=min_requests, allow_rejections=allow_rejections)
     sc, base = load_for_command(scenario, set_)
     dest = out or Path("runs") / f"plan-{sc.name}"
     result = plan(sc, spec, dest, base_dir=base, executor=executor, workers=workers, ray_address=ray_address)
@@ -61,10 +71,19 @@ def plan_command(
     # NOTE: piped output is not a terminal; rich would wrap the table at 80 columns.
     console = Console(width=None if Console().is_terminal else 240, highlight=False)
     title = f"{sc.name}: {result.info.model}, capacity per replica under {', '.join(spec.slos)}"
-    console.print(console_table(result.frame, list(spec.slos), spec.pareto_metric, spec.target_rate, title))
+    console.print(console_table(result.frame, list(spec.slos), spec.pareto_metric, spec.target_rate, title,
+                                spec.allow_rejections))
+    for line in problem_lines(result.frame):
+        console.print(line, soft_wrap=True, markup=False)
     console.print(f"points: {result.simulated} simulated, {result.reused} reused from {dest / 'points'}")
     console.print(f"report: {files['plan.html']}")
     console.print(f"table:  {files['plan.csv']}")
+    status = result.frame["status"]
+    if len(status) and (status == NOT_EVALUABLE).any() and not (status.isin(("ok", "SLO not met"))).any():
+        console.print(f"no configuration is evaluable: no capacity is reported (a point needs at least "
+                      f"{spec.min_requests} completed requests in its measured window; see the lines above)",
+                      soft_wrap=True, markup=False)
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,6 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchsim.sim.measure import MIN_REQUESTS
+
 __all__ = ["register", "regress_command"]
 
 
@@ -25,6 +27,7 @@ def regress_command(
     junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML here (one test case per scenario x metric)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a markdown summary here (for a pull-request comment)")] = None,
     all_rows: Annotated[bool, typer.Option("--all/--changes", help="show every metric in the table, or only those that moved")] = True,
+    min_requests: Annotated[int, typer.Option(min=1, help="completed requests a scenario needs in its measured window; fewer is 'not evaluable', a failure")] = MIN_REQUESTS,
 ) -> None:
     """Re-simulate pinned scenarios and diff their metrics against a baseline; exit 1 on regression."""
     from rich.console import Console
@@ -33,8 +36,11 @@ def regress_command(
     from batchsim.reports.regression import FAILING, diff_table, to_junit, to_markdown
     from batchsim.sim.io import atomic_write_text
     from batchsim.app.regress import regress
+    from batchsim.sim.errors import InputError
 
-    report = regress(scenarios, baseline, update=update, rtol=rtol, metrics=metrics)
+    if baseline.is_dir():  # said "Is a directory" (read) or wrote nothing useful (--update)
+        raise InputError("is a folder; expected a baseline JSON file", f"--baseline {baseline}")
+    report = regress(scenarios, baseline, update=update, rtol=rtol, metrics=metrics, min_requests=min_requests)
     # NOTE: CI logs are not terminals; rich would wrap the table at 80 columns.
     console = Console(width=None if Console().is_terminal else 160, highlight=False)
     if all_rows or any(d.status != "ok" for s in report.scenarios for d in s.diffs):

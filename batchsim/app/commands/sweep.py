@@ -2,7 +2,8 @@
 
 Thin: loads the scenario, calls :func:`batchsim.app.sweep.sweep` (which writes
 ``sweep_runs.csv`` as points finish) and :func:`batchsim.app.sweep.write_sweep`, and
-prints each policy's saturation point.
+prints each policy's saturation point and every point's summary warnings
+(an empty or thin measured window, rejected requests).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def sweep_command(
 
     from batchsim.reports.sweep import saturation_text
     from batchsim.app.commands.compare import load_for_command
-    from batchsim.app.sweep import parse_rates, sweep, write_sweep
+    from batchsim.app.sweep import parse_rates, point_warnings, sweep, write_sweep
 
     sc, base = load_for_command(scenario, set_)
     dest = out or Path("runs") / f"sweep-{sc.name}"
@@ -42,6 +43,8 @@ def sweep_command(
     console = Console(highlight=False)
     for line in saturation_text(result.saturation):
         console.print(line)
+    for line in point_warnings(result.frame):
+        console.print(line, soft_wrap=True, markup=False)
     console.print(f"report: {files['report.html']}")
     console.print(f"table:  {files['sweep.csv']}")
 
