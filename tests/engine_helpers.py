@@ -99,8 +99,11 @@ ENGINE_KEYS = ("engine", "engine_reason")  # which engine ran and why: the one t
 
 
 def outcome(summary: dict) -> dict:
-    """A summary without the keys that say which engine ran."""
-    return {k: v for k, v in summary.items() if k not in ENGINE_KEYS}
+    """A summary without the keys that say which engine ran (its provenance's ``engine`` too)."""
+    out = {k: v for k, v in summary.items() if k not in ENGINE_KEYS}
+    if isinstance(out.get("provenance"), dict):
+        out["provenance"] = {k: v for k, v in out["provenance"].items() if k != "engine"}
+    return out
 
 
 def written(result, folder) -> dict[str, bytes]:

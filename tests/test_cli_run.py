@@ -75,3 +75,35 @@ def test_bad_yaml_names_line(tmp_path):
     p.write_text("model: llama-3-8b\npolicy: [unclosed\n")
     r = batchsim("run", str(p))
     assert r.returncode == 2 and "bad.yaml:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_summary_says_what_produced_it_and_run_policy_applies_policy_knobs(tmp_path):
+    """summary.json's provenance: resolved model, hardware, knobs, KV capacity, seed, version, engine, a
+    scenario hash and the command; `run --policy X` uses the scenario's policy_knobs for X (as plan does)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from batchsim.app.cli import app
+
+    sc = tmp_path / "pk.yaml"
+    sc.write_text("name: pk\nmodel: llama-3-8b\nhardware: h100-sxm\npolicy: {name: continuous, block_size: 32}\n"
+                  "policy_knobs:\n  chunked_prefill: {max_num_batched_tokens: 2048}\n"
+                  "workload: {num_requests: 30, arrival: {process: poisson, rate: 5},\n"
+                  "  prompt_tokens: {dist: fixed, value: 100}, output_tokens: {dist: fixed, value: 10}}\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(sc), "--policy", "chunked_prefill", "--set", "seed=3",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prov = json.loads((out / "summary.json").read_text())["provenance"]
+    assert prov["policy"]["name"] == "chunked_prefill"
+    assert prov["policy"]["max_num_batched_tokens"] == 2048 and prov["policy"]["block_size"] == 32
+    assert prov["model"] == "llama-3-8b" and prov["hardware"] == "h100-sxm" and prov["seed"] == 3
+    assert prov["kv_capacity_tokens_per_replica"] == prov["kv_blocks_per_replica"] * 32
+    assert prov["engine"] in ("core", "python") and len(prov["scenario_hash"]) == 16
+    assert prov["command"] == f"batchsim run {sc} --policy chunked_prefill --set seed=3"
+    # the command reproduces the summary
+    again = tmp_path / "again"
+    args = prov["command"].split()[1:] + ["--out", str(again)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert (again / "summary.json").read_text() == (out / "summary.json").read_text()

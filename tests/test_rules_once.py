@@ -57,7 +57,9 @@ def _run(sc: dict):
 
 def _digest(result) -> str:
     """The run's records and metrics (not which engine ran)."""
-    summary = {k: v for k, v in result.summary.items() if k not in ("engine", "engine_reason")}
+    from tests.engine_helpers import outcome
+
+    summary = outcome(result.summary)
     h = hashlib.sha256(json.dumps(summary, sort_keys=True).encode())
     h.update(result.requests.to_csv(index=False).encode())
     h.update(result.steps.to_csv(index=False).encode())
@@ -278,7 +280,7 @@ sc = json.loads(sys.argv[1])
 out = {}
 for engine in ("auto", "python"):
     r = run_scenario(scenario_from_dict(dict(sc, engine=engine)))
-    s = {k: v for k, v in r.summary.items() if k not in ("engine", "engine_reason")}
+    s = {k: v for k, v in r.summary.items() if k not in ("engine", "engine_reason", "provenance")}
     h = hashlib.sha256(json.dumps(s, sort_keys=True).encode())
     h.update(r.requests.to_csv(index=False).encode())
     h.update(r.steps.to_csv(index=False).encode())

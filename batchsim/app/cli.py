@@ -8,6 +8,7 @@ Each command parses its options and calls one library function. Bad input
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -52,9 +53,10 @@ def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None
     sets = list(overrides or [])
     sc = load_scenario(path, sets)
     if policy:
-        keep = {k: v for k, v in sc.policy.items()
-                if k in ("block_size", "gpu_memory_utilization", "max_model_len")}
-        sc = load_scenario(path, sets + [f"policy={json.dumps(dict(keep, name=policy))}"])
+        from batchsim.app.compare import with_policy
+
+        # (the swap compare, sweep and plan make: the scenario's policy_knobs for it, its KV knobs)
+        sc = with_policy(sc, policy)
     return sc, Path(path).resolve().parent
 
 
@@ -75,7 +77,7 @@ def _naming_file(scenario: Path | None, fn, *args):
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
-    policy: Annotated[Optional[str], typer.Option(help="run this policy instead of the scenario's (its default knobs)")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="run this policy instead of the scenario's, with the scenario's policy_knobs for it (as compare and plan do)")] = None,
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,
@@ -88,6 +90,10 @@ def run(
     if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
         raise InputError(f"{out} is a file; expected a folder for the records", "--out")
     result = _naming_file(scenario, run_scenario, sc, base)
+    # the command that reproduces this summary (the scenario file, the policy swap, the overrides)
+    result.summary["provenance"]["command"] = shlex.join(
+        ["batchsim", "run", str(scenario), *(["--policy", policy] if policy else []),
+         *[a for s in (set_ or []) for a in ("--set", s)]])
     dest = out or Path("runs") / f"{sc.name}-{result.summary['policy']}"
     write_outputs(result, dest)
     if as_json:

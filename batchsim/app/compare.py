@@ -34,7 +34,9 @@ __all__ = ["DEFAULT_POLICIES", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput
            "describe_workload", "knob_text"]
 
 DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
-KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "max_model_len")
+# Knobs that are not a policy's rules: the replica's KV cache (and prefix caching, for the policies
+# that have it) is the same whichever policy a compare, sweep, plan or `run --policy` swaps in.
+KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "max_model_len", "enable_prefix_caching")
 
 
 def parse_policies(text: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -61,8 +63,11 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
     """
     if scenario.policy.get("name") == name:
         return scenario
+    from batchsim.policies.registry import policy_class
+
+    fields = policy_class(name).Config.model_fields
     data = scenario_data(scenario)
-    keep = {k: v for k, v in scenario.policy.items() if k in KEEP_KNOBS}
+    keep = {k: v for k, v in scenario.policy.items() if k in KEEP_KNOBS and k in fields}
     data["policy"] = {**keep, **scenario.policy_knobs.get(name, {}), "name": name}
     return scenario_from_dict(data, f"--policies {name}")
 

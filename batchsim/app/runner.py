@@ -7,6 +7,8 @@ runs SimPy, and turns what happened into records and a summary.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -255,9 +257,35 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     summary["engine_reason"] = why
     meta = dict(parts.meta, policy=pols[0].name, kv_blocks=kv0.total_blocks,
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
+    summary["provenance"] = provenance(scenario, parts, pols[0], meta, max_len, summary["engine"])
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
     return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
+
+
+def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: int, engine: str) -> dict:
+    """What produced a run's numbers, so it can be told apart and reproduced: the resolved model,
+    hardware, parallelism, dtypes, the policy's effective knobs (defaults included), the KV
+    capacity, the workload's arrivals, the seed, batchsim's version, the engine, and a hash of
+    the whole resolved scenario but its ``engine`` (equal hashes: the same simulation)."""
+    resolved = scenario.model_dump(mode="json")
+    resolved.pop("engine", None)  # (which engine runs never changes the numbers: not part of the hash)
+    wl = resolved.get("workload", {})
+    return {
+        "batchsim_version": __version__, "engine": engine,
+        "scenario": scenario.name,
+        "scenario_hash": hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:16],
+        "model": meta.get("model", scenario.model), "hardware": meta.get("hardware", scenario.hardware),
+        "calibrated_profile": meta.get("calibrated"),
+        "tensor_parallel_size": scenario.tensor_parallel_size, "dtype": scenario.dtype,
+        "kv_cache_dtype": getattr(parts.cost, "kv_dtype", scenario.kv_cache_dtype),
+        "replicas": scenario.replicas, "router": scenario.router,
+        "policy": policy.config.model_dump(mode="json"),
+        "kv_blocks_per_replica": meta["kv_blocks"], "block_size": meta["block_size"],
+        "kv_capacity_tokens_per_replica": meta["kv_capacity_tokens"], "max_model_len": max_len,
+        "arrival": wl.get("trace") or wl.get("arrival"), "requests": len(parts.workload),
+        "seed": scenario.seed,
+    }
 
 
 def _arrived(workload: Workload, horizon: float | None) -> int:

@@ -30,7 +30,8 @@ def summary_frame(runs: Sequence[PolicyRun]) -> pd.DataFrame:
     list values (``rejected_by_reason``, ``warnings``) as JSON text (:func:`csv_frame`)."""
     rows = []
     for run in runs:
-        stats = run.stats()
+        # (provenance is a nested record: it is in each run's summary.json, not a column)
+        stats = {k: v for k, v in run.stats().items() if k != "provenance"}
         if run.seeds > 1:
             stats = {"policy": stats.pop("policy", run.policy), "seeds": run.seeds, **stats}
         rows.append(stats)
