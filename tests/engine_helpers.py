@@ -114,7 +114,8 @@ def written(result, folder) -> dict[str, bytes]:
     from batchsim.app.runner import write_outputs
 
     out = write_outputs(result, folder)
-    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    # (manifest.json lists the files' sizes: the summary's engine keys differ by engine)
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
     files["summary.json"] = json.dumps(outcome(json.loads(files["summary.json"])), sort_keys=True).encode()
     files["itl"] = result.itl.to_csv(index=False).encode()
     return files

@@ -57,7 +57,7 @@ def test_aggregate_run_keeps_no_per_step_records_and_writes_no_steps_csv(tmp_pat
     assert len(r.steps) == 0 and len(r.itl) == 0
     assert r.summary["num_steps"] > 1000 and r.summary["unfinished"] >= 0
     out = write_outputs(r, tmp_path / "agg")
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "requests.csv", "summary.json"]
 
 
 def test_step_totals_hold_at_most_one_chunk_per_replica():

@@ -15,7 +15,8 @@ from batchsim.reports.regression import DEFAULT_METRICS, compare, metric_spec, t
 from batchsim import __version__
 from batchsim.app.config import load_scenario
 from batchsim.sim.errors import InputError
-from batchsim.app.regress import BASELINE_FORMAT, load_baseline, regress, scenario_inputs, scenario_key
+from batchsim.app.regress import (BASELINE_FORMAT, DEFAULT_SEEDS, load_baseline, regress, scenario_inputs,
+                                  scenario_key)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +104,9 @@ def test_update_writes_readable_baseline(recorded):
     entry = doc["scenarios"]["sc/a.yaml"]  # keyed relative to the baseline file
     assert entry["batchsim_version"] == __version__
     assert entry["scenario_hash"].startswith("sha256:")
-    assert entry["metrics"]["p99_ttft_ms"] == 40.0
+    assert entry["seeds"] == [1, 2, 3, 4, 5]  # seed + 0 .. seed + DEFAULT_SEEDS - 1
+    assert entry["metrics"]["p99_ttft_ms"] == [40.0] * DEFAULT_SEEDS  # one value per seed
+    assert '"p99_ttft_ms": [40.0, 40.0, 40.0, 40.0, 40.0],' in text  # one line per metric
     assert entry["policy"] == "continuous" and entry["name"] == "fake"
 
 
@@ -167,7 +170,7 @@ def test_regression_names_scenario_metric_and_values(recorded):
     assert rep.exit_code == 1
     [(s, d)] = rep.rows("regressed")
     assert (s.key, d.metric, d.baseline, d.current) == ("sc/a.yaml", "p99_ttft_ms", 30.0, 40.0)
-    assert "p99_ttft_ms: 30 -> 40 (+33.3%" in d.describe()
+    assert "p99_ttft_ms: 30 -> 40 ± 0 (+33.3%" in d.describe()  # a hand-set value reads as one seed
     [(_, imp)] = rep.rows("improved")
     assert imp.metric == "median_e2el_ms"
 
@@ -256,7 +259,7 @@ def test_junit_one_case_per_scenario_and_metric(recorded):
     failures = root.findall("./testsuite/testcase/failure")
     assert len(failures) == 1 == int(root.get("failures"))
     msg = failures[0].get("message")
-    assert "sc/b.yaml" in msg and "output_throughput: 150 -> 100 (-33.3%" in msg
+    assert "sc/b.yaml" in msg and "output_throughput: 150 -> 100 ± 0 (-33.3%" in msg  # one seed -> 5 seeds
 
 
 def test_markdown_summary(recorded):
@@ -268,7 +271,7 @@ def test_markdown_summary(recorded):
     md = to_markdown(regress([sc], base, runner=fake_runner))
     assert md.startswith("<!-- batchsim-regress -->\n## batchsim regress: :x: 1 failing metric")
     reg = md.split("### Regressions")[1].split("###")[0]
-    assert "| `sc/a.yaml` | `p99_tpot_ms` | 30 | 40 | +33.3% |" in reg
+    assert "| `sc/a.yaml` | `p99_tpot_ms` | 30 | 40 ± 0 | +33.3% |" in reg
     assert "`median_ttft_ms`" in md.split("### Improvements")[1].split("<details>")[0]
     assert "--update" in md
 
@@ -363,8 +366,86 @@ def test_a_null_gated_metric_recorded_in_the_baseline_fails(tmp_path):
         return {**fake_runner(scenario, base_dir), "median_tpot_ms": None, "p99_tpot_ms": None}
 
     regress([sc], base, update=True, runner=no_tpot)
-    assert json.loads(base.read_text())["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] is None
+    assert json.loads(base.read_text())["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] == [None] * DEFAULT_SEEDS
     rep = regress([sc], base, runner=fake_runner)
     bad = {d.metric: d.status for _, d in rep.rows("not evaluable")}
     assert rep.exit_code == 1 and bad == {"median_tpot_ms": "not evaluable", "p99_tpot_ms": "not evaluable"}
     assert "NOT EVALUABLE" not in to_markdown(rep) and "`p99_tpot_ms`" in to_markdown(rep)
+
+
+# ------------------------------------------------------- intervals (seeds)
+
+
+@pytest.mark.parametrize("base, cur, status", [
+    ([100, 104, 96, 102, 98], [103, 107, 99, 105, 101], "ok"),        # +3%, intervals overlap
+    ([100, 101, 99, 100.5, 99.5], [110, 111, 109, 110.5, 109.5], "regressed"),  # +10%, tight
+    ([100, 120, 80, 110, 90], [110, 130, 90, 120, 100], "ok"),        # +10% inside the noise
+    ([100, 101, 99, 100.5, 99.5], [90, 91, 89, 90.5, 89.5], "improved"),
+    (100.0, [100, 101, 99, 100.5, 99.5], "ok"),                       # old one-seed baseline: zero width
+    (100.0, [110, 111, 109, 110.5, 109.5], "regressed"),
+])
+def test_compare_intervals(base, cur, status):
+    (d,) = compare({"p99_ttft_ms": base}, {"p99_ttft_ms": cur}, ["p99_ttft_ms"], 0.02)
+    assert d.status == status, d.describe()
+    assert d.current_n == 5 and d.current_ci > 0 and (d.baseline_ci > 0) == isinstance(base, list)
+
+
+def test_interval_rule_is_beyond_the_baseline_interval_by_the_tolerance():
+    base = [100.0, 102.0, 98.0]
+    from batchsim.reports.stats import mean_ci
+
+    b, b_ci = mean_ci(base)
+    for gap, status in ((0.99, "ok"), (1.01, "regressed")):
+        # a zero-width new interval at base_hi + gap x tol
+        cur = b + b_ci + gap * 0.02 * b
+        (d,) = compare({"median_ttft_ms": base}, {"median_ttft_ms": [cur, cur]}, ["median_ttft_ms"], 0.02)
+        assert d.status == status, d.describe()
+    (d,) = compare({"output_throughput": base}, {"output_throughput": [b - b_ci - 3.0] * 2},
+                   ["output_throughput"], 0.02)
+    assert d.status == "regressed"  # higher is better: the mirror image
+
+
+def test_old_one_seed_baseline_is_read_with_a_note(tmp_path):
+    (tmp_path / "sc").mkdir()
+    sc = write_scenario(tmp_path / "sc" / "a.yaml")
+    base = tmp_path / "base.json"
+    regress([sc], base, update=True, runner=fake_runner)
+    doc = json.loads(base.read_text())
+    doc["format"] = "batchsim-regress-baseline/1"
+    entry = doc["scenarios"]["sc/a.yaml"]
+    del entry["seeds"]
+    entry["metrics"] = {k: v[0] for k, v in entry["metrics"].items()}
+    base.write_text(json.dumps(doc))
+    rep = regress([sc], base, runner=fake_runner)
+    assert rep.exit_code == 0
+    assert any("holds one seed" in n and "--update" in n for n in rep.scenarios[0].notes)
+    regress([sc], base, update=True, runner=fake_runner)  # --update writes the new format
+    doc = json.loads(base.read_text())
+    assert doc["format"] == BASELINE_FORMAT and doc["scenarios"]["sc/a.yaml"]["seeds"] == [1, 2, 3, 4, 5]
+
+
+def test_seeds_run_with_compare_rule_and_bad_seeds(recorded):
+    sc, base = recorded
+    seen = []
+
+    def spy(scenario, base_dir):
+        seen.append(scenario.seed)
+        return fake_runner(scenario, base_dir)
+
+    rep = regress([sc], base, runner=spy, seeds=3)
+    assert seen == [1, 2, 3] and rep.seeds == 3
+    assert any("baseline seeds 1..5, this run 1..3" in n for n in rep.scenarios[0].notes)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(InputError, match="--seeds"):
+            regress([sc], base, runner=fake_runner, seeds=bad)
+
+
+def test_junit_and_markdown_show_intervals(recorded):
+    sc, base = recorded
+    rep = regress([sc], base, runner=fake_runner, metrics=["p99_ttft_ms"])
+    root = ET.fromstring(to_junit(rep))
+    out = root.find("./testsuite/testcase/system-out").text
+    assert out.startswith("ok: p99_ttft_ms: 40 ± 0 -> 40 ± 0 (")
+    assert root.find("./testsuite/properties/property[@name='seeds']").get("value") == "5"
+    md = to_markdown(rep)
+    assert "baseline (mean ± 95% CI)" in md and "| 40 ± 0 | 40 ± 0 |" in md and "5 seeds" in md

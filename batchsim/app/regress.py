@@ -3,10 +3,18 @@
 A *baseline* is a human-readable JSON file with one entry per pinned
 scenario, keyed by the scenario file's path relative to the baseline file
 (so the gate works from any working directory). An entry records the
-scenario's input hash, the batchsim version that recorded it and every
-numeric summary value. :func:`regress` re-simulates each scenario (runs are
-deterministic, so unchanged code reproduces the baseline exactly) and diffs
-the chosen metrics with :func:`batchsim.reports.regression.compare`.
+scenario's input hash, the batchsim version that recorded it, the seeds it
+ran and every numeric summary value, one per seed. :func:`regress`
+re-simulates each scenario with ``seeds`` seeds (``scenario.seed + 0 ..
+seeds - 1``, :func:`batchsim.app.compare.with_seed`; runs are deterministic,
+so unchanged code reproduces the baseline exactly) and compares the 95%
+intervals of the chosen metrics' means with
+:func:`batchsim.reports.regression.compare`: seed-to-seed noise neither
+fails a neutral change nor hides a real regression.
+
+Old one-seed baselines (format ``batchsim-regress-baseline/1``, one value
+per metric) are still read: each value is one seed, an interval of zero
+width, and the gate adds a note asking for ``--update``.
 
 Mismatches are explained, never compared silently:
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,16 +49,22 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.io import atomic_write_text
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
-__all__ = ["BASELINE_FORMAT", "Runner", "scenario_key", "scenario_inputs", "combine_hash",
+__all__ = ["BASELINE_FORMAT", "DEFAULT_SEEDS", "Runner", "scenario_key", "scenario_inputs", "combine_hash",
            "load_baseline", "write_baseline", "parse_metrics", "regress"]
 
-BASELINE_FORMAT = "batchsim-regress-baseline/1"
+BASELINE_FORMAT = "batchsim-regress-baseline/2"
+_OLD_FORMATS = ("batchsim-regress-baseline/1",)  # one value per metric: one seed
+
+DEFAULT_SEEDS = 5
+"""Seeds per scenario: 4 degrees of freedom make a usable t-interval (t = 2.78;
+at 3 seeds it is 4.30, so wide that only large moves show), and the shipped
+baselines still simulate in a few seconds. See docs/regression-gate.md."""
 
 Runner = Callable[[Scenario, Path], dict]
-"""Runs one scenario and returns its summary dict (injectable for tests)."""
+"""Runs one scenario (one seed) and returns its summary dict (injectable for tests)."""
 
 _NOTE = ("Recorded by `batchsim regress --update`. Keys are scenario paths relative to this file; "
-         "re-record instead of editing by hand.")
+         "each metric lists one value per seed in `seeds`; re-record instead of editing by hand.")
 
 
 def _default_runner(scenario: Scenario, base_dir: Path) -> dict:
@@ -155,7 +170,7 @@ def load_baseline(path: Path) -> dict[str, dict]:
                          "(batchsim regress SCENARIO... --baseline FILE --update)", str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"not a JSON baseline ({e})", str(path)) from None
-    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (BASELINE_FORMAT, *_OLD_FORMATS):
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise InputError(f"unknown baseline format {got!r}; expected {BASELINE_FORMAT!r}", str(path))
     entries = data.get("scenarios")
@@ -169,17 +184,30 @@ def write_baseline(path: Path, entries: dict[str, dict]) -> None:
     """Write the baseline atomically, scenarios sorted by key (stable diffs in review)."""
     doc = {"format": BASELINE_FORMAT, "note": _NOTE,
            "scenarios": {k: entries[k] for k in sorted(entries)}}
-    atomic_write_text(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    text = json.dumps(doc, indent=2, allow_nan=False)
+    # NOTE: one line per metric (its per-seed values side by side), not one per value:
+    # the file stays reviewable and a diff shows which metric moved.
+    text = _FLAT_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+    atomic_write_text(path, text + "\n")
 
 
-def _entry(scenario: Scenario, inputs: dict[str, str], summary: dict) -> dict:
+_FLAT_LIST = re.compile(r"\[\n\s+([-+0-9.eEnul, \n]*?)\n\s*\]")  # a list of numbers/nulls only
+
+
+def _is_metric(key: str, v: Any) -> bool:
     # NOTE: a null latency (no measured request had it) is recorded as null, so the
     # gate later says "not evaluable" instead of "not in the baseline".
-    metrics = {k: v for k, v in summary.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) or v is None and k.endswith("_ms")}
-    return {"name": scenario.name, "policy": summary.get("policy", ""),
+    return isinstance(v, (int, float)) and not isinstance(v, bool) or v is None and key.endswith("_ms")
+
+
+def _entry(scenario: Scenario, inputs: dict[str, str], summaries: list[dict], seeds: list[int]) -> dict:
+    """A baseline entry: per metric, one value per seed (in ``seeds`` order)."""
+    first = summaries[0]
+    metrics = {k: [s.get(k) if _is_metric(k, s.get(k)) else None for s in summaries]
+               for k, v in first.items() if _is_metric(k, v)}
+    return {"name": scenario.name, "policy": first.get("policy", ""),
             "batchsim_version": __version__, "scenario_hash": combine_hash(inputs),
-            "inputs": inputs, "metrics": metrics}
+            "inputs": inputs, "seeds": seeds, "metrics": metrics}
 
 
 # --------------------------------------------------------------------- gate
@@ -219,25 +247,38 @@ class _Run:
     key: str
     scenario: Scenario
     inputs: dict[str, str]
-    summary: dict
+    summaries: list[dict]  # one per seed
+    seeds: list[int]
     seconds: float
 
+    @property
+    def per_seed(self) -> dict[str, list]:
+        """Each summary key of the first seed -> its value in every seed."""
+        return {k: [s.get(k) for s in self.summaries] for k in self.summaries[0]}
 
-def _run_one(path: Path, baseline: Path, runner: Runner) -> _Run:
+
+def _run_one(path: Path, baseline: Path, runner: Runner, seeds: int) -> _Run:
+    from batchsim.app.compare import with_seed
+
     scenario = load_scenario(path)
     base_dir = path.resolve().parent
     inputs = scenario_inputs(scenario, base_dir)
     t0 = time.perf_counter()
-    summary = runner(scenario, base_dir)
-    return _Run(scenario_key(path, baseline), scenario, inputs, summary, time.perf_counter() - t0)
+    runs = [with_seed(scenario, i) for i in range(seeds)]  # compare's rule: seed + i
+    summaries = [runner(s, base_dir) for s in runs]
+    return _Run(scenario_key(path, baseline), scenario, inputs, summaries, [s.seed for s in runs],
+                time.perf_counter() - t0)
 
 
 def _thin(metrics: dict, min_requests: int) -> str:
-    """Why a summary (or a baseline's metrics) is not evaluable ("" when it is, or does not say)."""
+    """Why a summary (or a baseline's metrics) is not evaluable ("" when it is, or does not say).
+
+    ``completed`` may be one value or one per seed: the thinnest seed decides."""
     done = metrics.get("completed")
-    if not isinstance(done, (int, float)) or isinstance(done, bool):
+    values = done if isinstance(done, list) else [done]
+    if not values or not all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in values):
         return ""
-    return thin_window(int(done), min_requests)
+    return thin_window(int(min(values)), min_requests)
 
 
 def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
@@ -247,7 +288,7 @@ def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
     notes: list[str] = []
     remedy = ("; not a pass: give the scenario more requests (workload.num_requests) or a shorter "
               "measure.warmup_s/cooldown_s, then re-record")
-    thin = _thin(run.summary, min_requests)
+    thin = _thin(run.per_seed, min_requests)
     if thin:
         problems.append(f"not evaluable in this run: {thin}{remedy}")
     thin = _thin(old["metrics"], min_requests) if old is not None else ""
@@ -258,11 +299,20 @@ def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
     else:
         if old.get("scenario_hash") != new_hash:
             problems.append(_explain(old, run.inputs, new_hash))
+        old_seeds = old.get("seeds")
+        if not isinstance(old_seeds, list):
+            notes.append("baseline entry holds one seed (old format, one value per metric): compared as an "
+                         "interval of zero width; re-record with --update to store every seed")
+        elif old_seeds != run.seeds:
+            notes.append(f"baseline seeds {_seed_text(old_seeds)}, this run {_seed_text(run.seeds)}: "
+                         "not paired seed by seed, so the two intervals are compared (a much weaker test)")
         version = old.get("batchsim_version")
         if version != __version__:
             notes.append(f"baseline recorded with batchsim {version}, this is {__version__}: "
                          "compared anyway; a difference may come from the version change")
-    diffs = compare(old["metrics"] if old else None, run.summary, metrics, rtol)
+    # common random numbers: the same seeds on both sides pair the runs seed by seed
+    paired = old is not None and old.get("seeds") == run.seeds and len(run.seeds) > 1
+    diffs = compare(old["metrics"] if old else None, run.per_seed, metrics, rtol, paired=paired)
     if update:
         if old is None:
             problems = [p for p in problems if not p.startswith("no baseline entry")]
@@ -274,17 +324,26 @@ def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
                         new_hash, (old or {}).get("scenario_hash", ""), run.seconds)
 
 
+def _seed_text(seeds: list) -> str:
+    return f"{seeds[0]}..{seeds[-1]}" if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))) \
+        else ",".join(map(str, seeds)) or "none"
+
+
 def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bool = False,
             rtol: float = 0.02, metrics: Iterable[str] | None = None,
-            runner: Runner | None = None, min_requests: int = MIN_REQUESTS) -> RegressionReport:
-    """Re-run each scenario, diff it against ``baseline``; with ``update``, rewrite the baseline.
+            runner: Runner | None = None, min_requests: int = MIN_REQUESTS,
+            seeds: int = DEFAULT_SEEDS) -> RegressionReport:
+    """Re-run each scenario with ``seeds`` seeds, compare against ``baseline``; with ``update``, rewrite it.
 
-    Raises :class:`InputError` (exit 2) for bad input: a missing or
-    malformed baseline without ``update``, an unreadable scenario, an
-    unknown metric, a negative ``rtol``. Regressions are in the report.
+    Seed ``i`` is ``scenario.seed + i`` (compare's ``with_seed``). Raises
+    :class:`InputError` (exit 2) for bad input: a missing or malformed
+    baseline without ``update``, an unreadable scenario, an unknown metric,
+    a negative ``rtol``, ``seeds`` < 1. Regressions are in the report.
     """
     if not (rtol >= 0):
         raise InputError(f"must be >= 0, got {rtol}", "--rtol")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise InputError(f"must be a whole number >= 1, got {seeds!r}", "--seeds")
     if isinstance(min_requests, bool) or not isinstance(min_requests, int) or min_requests < 1:
         raise InputError(f"must be a whole number >= 1, got {min_requests!r}", "--min-requests")
     keys = parse_metrics(metrics)
@@ -303,11 +362,11 @@ def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bo
     results: list[ScenarioDiff] = []
     fresh: dict[str, dict] = {}
     for path in paths:
-        r = _run_one(path, bpath, run)
+        r = _run_one(path, bpath, run, seeds)
         old = entries.get(r.key)
-        _check_metrics(keys, r.summary, old and old["metrics"], str(path))
+        _check_metrics(keys, r.summaries[0], old and old["metrics"], str(path))
         results.append(_diff(r, old, keys, rtol, update, min_requests))
-        fresh[r.key] = _entry(r.scenario, r.inputs, r.summary)
+        fresh[r.key] = _entry(r.scenario, r.inputs, r.summaries, r.seeds)
     notes: list[str] = []
     if update:
         write_baseline(bpath, {**entries, **fresh})
@@ -315,4 +374,4 @@ def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bo
     unchecked = sorted(set(entries) - set(fresh))
     if unchecked and not update:
         notes.append(f"baseline entries not checked in this run: {', '.join(unchecked)}")
-    return RegressionReport(tuple(results), rtol, str(bpath), update, tuple(notes))
+    return RegressionReport(tuple(results), rtol, str(bpath), update, tuple(notes), seeds)

@@ -27,7 +27,7 @@ from batchsim import __version__, core
 from batchsim.app.config import Scenario
 from batchsim.sim.engine import Cluster, Replica
 from batchsim.sim.protocols import PolicyError
-from batchsim.sim.io import write_csv, write_json
+from batchsim.sim.io import write_csv, write_json, write_set
 from batchsim.sim.errors import InputError
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.prefix import PrefixKVCache
@@ -337,10 +337,13 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
 
 
 def write_outputs(result: RunResult, out_dir: str | Path) -> Path:
-    """Write summary.json, requests.csv and steps.csv (atomically)."""
-    out = Path(out_dir)
-    write_json(out / "summary.json", result.summary)
-    write_csv(out / "requests.csv", result.requests)
+    """Write summary.json, requests.csv and steps.csv as one set (batchsim.sim.io.write_set:
+    never a mix of an old run's files and this one's; manifest.json says what the set holds)."""
+    writers = {"summary.json": lambda p: write_json(p, result.summary),
+               "requests.csv": lambda p: write_csv(p, result.requests)}
     if result.scenario.measure.step_records and result.scenario.measure.records == "full":
-        write_csv(out / "steps.csv", result.steps)
-    return out
+        writers["steps.csv"] = lambda p: write_csv(p, result.steps)
+    prov = result.summary.get("provenance") or {}
+    about = {"written_by": f"batchsim {__version__}", "scenario": result.scenario.name,
+             "scenario_hash": prov.get("scenario_hash")}
+    return write_set(out_dir, writers, about)

@@ -9,10 +9,19 @@ scenarios and reading the baseline file is :mod:`batchsim.app.regress`'s job.
 Every metric has a direction. Latencies (``*_ms``) and failure counts are
 better lower, throughputs, goodput and ``completed`` are better higher; a
 metric with no natural direction (``num_steps``, ``busy_fraction``) is
-``either``: any change beyond tolerance fails. A value moves *beyond
-tolerance* when ``|current - baseline| > max(rtol * |baseline|, atol)``:
-``rtol`` is the user's knob, ``atol`` a per-metric floor so that values near
-zero (0 rejected requests, an idle system's ITL) do not flap.
+``either``: any change beyond tolerance fails.
+
+Each side holds one value per seed. The verdict compares 95% t-intervals
+for the two means (:func:`batchsim.reports.stats.mean_ci`, the one compare's
+``*_ci95`` columns use): with ``tol = max(rtol * |baseline mean|, atol)``, a
+lower-is-better metric *regresses* when the new interval's lower bound lies
+above the baseline interval's upper bound by more than ``tol``
+(``new_lo > base_hi + tol``), and *improves* when its upper bound lies below
+the baseline's lower bound by more than ``tol``; higher-is-better is the
+mirror image; otherwise it is ``ok``. One value on a side (``--seeds 1``, or
+an old one-seed baseline) is an interval of zero width. ``rtol`` is the
+user's knob, ``atol`` a per-metric floor so that values near zero (0
+rejected requests, an idle system's ITL) do not flap.
 """
 
 from __future__ import annotations
@@ -20,10 +29,12 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping
+from typing import Iterable, Literal, Mapping, Sequence, Union
 
 from rich.markup import escape
 from rich.table import Table
+
+from batchsim.reports.stats import mean_ci
 
 __all__ = ["MetricSpec", "MetricDiff", "ScenarioDiff", "RegressionReport", "DEFAULT_METRICS",
            "FAILING", "metric_spec", "compare", "diff_table", "to_junit", "to_markdown",
@@ -46,8 +57,8 @@ class MetricSpec:
     atol: float
 
 
-# NOTE: the absolute floors are deliberately small. The simulator is
-# deterministic, so there is no run-to-run noise to absorb; the floors only
+# NOTE: the absolute floors are deliberately small. Seed-to-seed noise is
+# absorbed by the intervals (a run is deterministic per seed); the floors only
 # stop a relative tolerance from collapsing to zero when the baseline is ~0.
 _LATENCY_ATOL_MS = 0.1
 _COUNT_ATOL = 0.5  # a count must move by at least one request
@@ -89,7 +100,12 @@ def metric_spec(key: str) -> MetricSpec:
 
 @dataclass(frozen=True)
 class MetricDiff:
-    """One metric of one scenario: both values, the allowed band and the verdict."""
+    """One metric of one scenario: both means and 95% intervals, the allowed band and the verdict.
+
+    ``baseline``/``current`` are means over seeds; ``baseline_ci``/``current_ci``
+    the half-widths of their 95% t-intervals (0.0 for a single seed);
+    ``baseline_n``/``current_n`` how many seeds each holds.
+    """
 
     metric: str
     baseline: float | None
@@ -97,6 +113,10 @@ class MetricDiff:
     tolerance: float
     better: Better
     status: str  # ok | improved | regressed | changed | missing | unavailable | not evaluable | new (by --update)
+    baseline_ci: float = 0.0
+    current_ci: float = 0.0
+    baseline_n: int = 1
+    current_n: int = 1
 
     @property
     def failed(self) -> bool:
@@ -109,22 +129,29 @@ class MetricDiff:
             return None
         return self.current / self.baseline - 1.0
 
+    @property
+    def baseline_text(self) -> str:
+        """``120.1 ± 3.2`` (mean ± 95% CI half-width); a single seed shows its value alone."""
+        return fmt_ci(self.baseline, self.baseline_ci, self.baseline_n)
+
+    @property
+    def current_text(self) -> str:
+        return fmt_ci(self.current, self.current_ci, self.current_n)
+
     def describe(self) -> str:
-        """``p99_ttft_ms: 120.1 -> 150.3 (+25.1%, tolerance ±2.402, lower is better)``."""
+        """``p99_ttft_ms: 120.1 ± 3.2 -> 150.3 ± 4.0 (+25.1%, tolerance ±2.402, lower is better)``."""
         if self.status == "missing":
-            return f"{self.metric}: not in the baseline (current {fmt(self.current)})"
+            return f"{self.metric}: not in the baseline (current {self.current_text})"
         if self.status == "unavailable":
-            return f"{self.metric}: not in this run's summary (baseline {fmt(self.baseline)})"
+            return f"{self.metric}: not in this run's summary (baseline {self.baseline_text})"
         if self.status == "not evaluable":
             where = " and ".join(w for w, v in (("the baseline", self.baseline), ("this run", self.current))
                                  if v is None)
             return (f"{self.metric}: null in {where} (no measured request has it): not evaluable, so not a pass "
                     f"(baseline {fmt(self.baseline)}, current {fmt(self.current)})")
-        return (f"{self.metric}: {fmt(self.baseline)} -> {fmt(self.current)} ({fmt_change(self)}, "
-                f"tolerance ±{fmt(self.tolerance)}, {self.better} is better)"
-                if self.better != "either" else
-                f"{self.metric}: {fmt(self.baseline)} -> {fmt(self.current)} ({fmt_change(self)}, "
-                f"tolerance ±{fmt(self.tolerance)}, any change counts)")
+        how = f"{self.better} is better" if self.better != "either" else "any change counts"
+        return (f"{self.metric}: {self.baseline_text} -> {self.current_text} ({fmt_change(self)}, "
+                f"tolerance ±{fmt(self.tolerance)}, {how})")
 
 
 @dataclass(frozen=True)
@@ -159,6 +186,7 @@ class RegressionReport:
     baseline: str
     updated: bool = False
     notes: tuple[str, ...] = ()
+    seeds: int = 1
 
     @property
     def failed(self) -> bool:
@@ -174,31 +202,64 @@ class RegressionReport:
         return [(s, d) for s in self.scenarios for d in s.diffs if d.status in statuses]
 
 
-def compare(baseline: Mapping[str, float] | None, current: Mapping[str, float],
-            metrics: Iterable[str], rtol: float) -> tuple[MetricDiff, ...]:
+Values = Union[float, int, None, Sequence[Union[float, int, None]]]
+"""One metric on one side: a value per seed (a bare number is one seed)."""
+
+
+def compare(baseline: Mapping[str, Values] | None, current: Mapping[str, Values],
+            metrics: Iterable[str], rtol: float, paired: bool = False) -> tuple[MetricDiff, ...]:
     """Diff ``current`` against ``baseline`` for each metric (baseline None: all missing).
 
-    A metric present but null (None or NaN: no measured request had it) on
-    either side is ``not evaluable``, a failure: it is neither equal nor better.
+    Each value is a list of per-seed values or a bare number (one seed). The
+    verdict compares the two 95% intervals of the mean (see the module
+    docstring). A metric present but null (None or NaN: no measured request
+    had it) in any seed on either side is ``not evaluable``, a failure: it
+    is neither equal nor better.
     """
     out = []
     for key in metrics:
         spec = metric_spec(key)
-        base = _number(baseline.get(key)) if baseline is not None else None
-        cur = _number(current.get(key))
-        tol = max(rtol * abs(base), spec.atol) if base is not None else spec.atol
+        base = _interval(baseline.get(key)) if baseline is not None else None
+        cur = _interval(current.get(key))
+        tol = max(rtol * abs(base[0]), spec.atol) if base is not None else spec.atol
         null = _null(current, key) or (baseline is not None and _null(baseline, key))
-        status = "not evaluable" if null else _status(spec, base, cur, tol)
-        out.append(MetricDiff(key, base, cur, tol, spec.better, status))
+        if null:
+            status = "not evaluable"
+        elif paired and base is not None and cur is not None and base[2] == cur[2]:
+            status = _paired_status(spec, baseline.get(key), current.get(key), tol)
+        else:
+            status = _status(spec, base, cur, tol)
+        b_mean, b_ci, b_n = base or (None, 0.0, len(_seq(baseline.get(key))) if baseline else 0)
+        c_mean, c_ci, c_n = cur or (None, 0.0, len(_seq(current.get(key))))
+        out.append(MetricDiff(key, b_mean, c_mean, tol, spec.better, status, b_ci, c_ci, b_n, c_n))
     return tuple(out)
 
 
+def _seq(v: object) -> list:
+    """A side's per-seed values as a list (a bare value is one seed, absent is none)."""
+    if v is None:
+        return []
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _interval(v: object) -> tuple[float, float, int] | None:
+    """``(mean, 95% CI half-width, seeds)``; None when any seed's value is not a number.
+
+    The half-width is 0.0 for one seed: a single run is taken at its value.
+    """
+    values = [_number(x) for x in _seq(v)]
+    if not values or any(x is None for x in values):
+        return None
+    mean, ci = mean_ci(values)
+    return mean, (0.0 if math.isnan(ci) else ci), len(values)
+
+
 def _null(values: Mapping, key: str) -> bool:
-    """``key`` is there but has no value (None, NaN)."""
+    """``key`` is there but has no value (None, NaN) in some seed."""
     if key not in values:
         return False
-    v = values[key]
-    return v is None or (isinstance(v, float) and math.isnan(v))
+    vs = _seq(values[key])
+    return not vs or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in vs)
 
 
 def _number(v: object) -> float | None:
@@ -207,17 +268,41 @@ def _number(v: object) -> float | None:
     return float(v)
 
 
-def _status(spec: MetricSpec, base: float | None, cur: float | None, tol: float) -> str:
+def _paired_status(spec: MetricSpec, base: Values, cur: Values, tol: float) -> str:
+    """The verdict from the seed-by-seed differences (common random numbers: each seed's
+    workload is the same on both sides, so the differences carry the change, not the
+    workload's noise): regressed when the 95% interval of the mean difference lies beyond
+    the tolerance in the bad direction, or when every seed (at least 5) moved beyond it that way."""
+    d = [c - b for b, c in zip((_number(x) for x in _seq(base)), (_number(x) for x in _seq(cur)))]
+    mean, ci = mean_ci(d)
+    ci = 0.0 if math.isnan(ci) else ci
+    # either the interval of the mean difference lies beyond the tolerance, or every seed moved
+    # beyond it the same way (a sign test: with 5 seeds, 1 chance in 32 for a change that is
+    # neutral; it catches a consistent change whose size varies from seed to seed)
+    up = mean - ci > tol or (len(d) >= 5 and all(x > tol for x in d))
+    down = -(mean + ci) > tol or (len(d) >= 5 and all(-x > tol for x in d))
+    if not (up or down):
+        return "ok"
+    if spec.better == "either":
+        return "changed"
+    worse = up if spec.better == "lower" else down
+    return "regressed" if worse else "improved"
+
+
+def _status(spec: MetricSpec, base: tuple[float, float, int] | None,
+            cur: tuple[float, float, int] | None, tol: float) -> str:
     if base is None:
         return "missing"
     if cur is None:
         return "unavailable"
-    delta = cur - base
-    if abs(delta) <= tol:
+    (b, b_ci, _), (c, c_ci, _) = base, cur
+    up = (c - c_ci) - (b + b_ci) > tol      # the new interval lies above the baseline's
+    down = (b - b_ci) - (c + c_ci) > tol    # ... or below it
+    if not (up or down):
         return "ok"
     if spec.better == "either":
         return "changed"
-    worse = delta > 0 if spec.better == "lower" else delta < 0
+    worse = up if spec.better == "lower" else down
     return "regressed" if worse else "improved"
 
 
@@ -238,6 +323,13 @@ def fmt(v: float | None) -> str:
     return f"{v:.4g}"
 
 
+def fmt_ci(mean: float | None, ci: float, n: int) -> str:
+    """``mean ± ci`` for several seeds, the bare value for one (or none)."""
+    if mean is None or n < 2:
+        return fmt(mean)
+    return f"{fmt(mean)} ± {fmt(ci)}"
+
+
 def fmt_change(d: MetricDiff) -> str:
     c = d.change
     if c is None:
@@ -251,7 +343,8 @@ _STYLE = {"ok": "green", "improved": "cyan", "regressed": "bold red", "changed":
 
 def diff_table(report: RegressionReport, only_changes: bool = False) -> Table:
     """A rich table, one row per scenario x metric (``only_changes``: hide ``ok`` rows)."""
-    t = Table(title=f"batchsim regress vs {report.baseline} (rtol {report.rtol:g})")
+    t = Table(title=f"batchsim regress vs {report.baseline} (rtol {report.rtol:g}, "
+                    f"{report.seeds} seed{'s' * (report.seeds != 1)}, mean ± 95% CI)")
     for col, just in (("scenario", "left"), ("metric", "left"), ("baseline", "right"),
                       ("current", "right"), ("change", "right"), ("tolerance", "right"),
                       ("status", "left")):
@@ -260,7 +353,7 @@ def diff_table(report: RegressionReport, only_changes: bool = False) -> Table:
         for d in s.diffs:
             if only_changes and d.status == "ok":
                 continue
-            t.add_row(escape(s.key), d.metric, fmt(d.baseline), fmt(d.current), fmt_change(d),
+            t.add_row(escape(s.key), d.metric, d.baseline_text, d.current_text, fmt_change(d),
                       f"±{fmt(d.tolerance)}", f"[{_STYLE[d.status]}]{d.status}[/]")
     return t
 
@@ -278,7 +371,8 @@ def to_junit(report: RegressionReport) -> str:
         suite = ET.SubElement(root, "testsuite", name=s.key, time=f"{s.seconds:.3f}")
         props = ET.SubElement(suite, "properties")
         for name, value in (("scenario_name", s.name), ("scenario_hash", s.scenario_hash),
-                            ("baseline_hash", s.baseline_hash), ("rtol", f"{report.rtol:g}")):
+                            ("baseline_hash", s.baseline_hash), ("rtol", f"{report.rtol:g}"),
+                            ("seeds", str(report.seeds))):
             ET.SubElement(props, "property", name=name, value=value)
         n_fail = 0
         for d in s.diffs:
@@ -291,10 +385,9 @@ def to_junit(report: RegressionReport) -> str:
                     msg += " [" + "; ".join(s.problems) + "]"
                 fail = ET.SubElement(case, "failure", type=kind, message=msg)
                 fail.text = "\n".join((msg, *s.problems, *s.notes))
-            elif d.status == "improved" or s.notes:
+            else:  # the intervals of a passing case too: baseline mean ± CI -> current mean ± CI
                 out = ET.SubElement(case, "system-out")
-                out.text = "\n".join(([f"improved: {d.describe()}"] if d.status == "improved" else [])
-                                     + list(s.notes))
+                out.text = "\n".join([f"{d.status}: {d.describe()}", *s.notes])
         suite.set("tests", str(len(s.diffs)))
         suite.set("failures", str(n_fail))
         suite.set("errors", "0")
@@ -313,10 +406,10 @@ def _md_cell(text: str) -> str:
 
 
 def _md_rows(pairs: list[tuple[ScenarioDiff, MetricDiff]]) -> list[str]:
-    lines = ["| scenario | metric | baseline | current | change | tolerance |",
+    lines = ["| scenario | metric | baseline (mean ± 95% CI) | current (mean ± 95% CI) | change | tolerance |",
              "|---|---|--:|--:|--:|--:|"]
     for s, d in pairs:
-        lines.append(f"| `{_md_cell(s.key)}` | `{d.metric}` | {fmt(d.baseline)} | {fmt(d.current)} "
+        lines.append(f"| `{_md_cell(s.key)}` | `{d.metric}` | {d.baseline_text} | {d.current_text} "
                      f"| {fmt_change(d)} | ±{fmt(d.tolerance)} |")
     return lines
 
@@ -325,7 +418,8 @@ def _headline(report: RegressionReport) -> str:
     n_s, n_m = len(report.scenarios), sum(len(s.diffs) for s in report.scenarios)
     bad = report.rows(*FAILING)
     broken = [s for s in report.scenarios if s.problems]
-    size = f"{n_s} scenario{'s' * (n_s != 1)}, {n_m} checks, rtol {report.rtol:g}"
+    size = (f"{n_s} scenario{'s' * (n_s != 1)}, {n_m} checks, rtol {report.rtol:g}, "
+            f"{report.seeds} seed{'s' * (report.seeds != 1)}")
     if report.updated:
         return f"## batchsim regress: baseline updated ({size})"
     if not report.failed:

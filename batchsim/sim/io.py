@@ -1,20 +1,25 @@
-"""Atomic output writing: a temporary file in the same folder, then rename.
+"""Atomic output writing: a temporary file in the same folder, then rename; a run's files as a set.
 
 A run that is killed mid-write leaves either the old file or the new one,
-never half a file, so finished results are never lost or corrupted.
+never half a file, so finished results are never lost or corrupted; and
+:func:`write_set` puts a run's files in place together, so an output folder
+never holds some files of an old run beside others of a new one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "write_set", "clean_orphans",
+           "MANIFEST"]
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -56,3 +61,102 @@ def _default(o: Any) -> Any:
 def write_csv(path: str | Path, df: pd.DataFrame) -> None:
     """CSV with a fixed float format, so identical runs give identical bytes."""
     atomic_write_text(path, df.to_csv(index=False, float_format="%.9g", lineterminator="\n"))
+
+
+# -- a run's outputs as one set ----------------------------------------------------------------
+MANIFEST = "manifest.json"
+_ORPHAN = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[^/]*$")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def clean_orphans(parent: Path, name: str) -> list[Path]:
+    """Remove what a killed writer of ``parent/name`` left: its temporary and old folders
+    (``.name.tmp-PID-*``, ``.name.old-PID-*``) whose process is gone. Returns what was removed."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for p in parent.iterdir():
+        m = _ORPHAN.match(p.name)
+        if m and m.group("name") == name and not _alive(int(m.group("pid"))):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+# what a run wrote before sets had a manifest (batchsim before its ninth session)
+_KNOWN = frozenset({"summary.json", "requests.csv", "steps.csv"})
+
+
+def _previous_set(out: Path) -> set[str] | None:
+    """The files of the set batchsim last wrote into ``out``: its manifest's, else the known
+    output names present (None when there are none)."""
+    try:
+        data = json.loads((out / MANIFEST).read_text())
+        return set(data["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        found = {n for n in _KNOWN if (out / n).exists()}
+        return found or None
+
+
+def write_set(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], about: dict | None = None) -> Path:
+    """Write a run's output files as one set: never a mix of an old run's files and a new one's.
+
+    The files are written into a temporary folder beside ``out_dir``, with ``manifest.json``
+    (what the set holds) last, then put in place: when ``out_dir`` is absent, or holds only a set
+    batchsim wrote before, the folders are swapped by rename; a folder that holds other files
+    (``--out .``) keeps them, gets the new files renamed in and the previous set's other files
+    removed, and its manifest last, so a set without its manifest is known to be incomplete.
+    A killed writer's leftovers are removed by the next write to the same place.
+    """
+    out = Path(out_dir).absolute()
+    parent = out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    clean_orphans(parent, out.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=parent))
+    try:
+        for name, write in writers.items():
+            write(tmp / name)
+        files = {name: (tmp / name).stat().st_size for name in writers}
+        write_json(tmp / MANIFEST, {**(about or {}), "files": files})
+        os.chmod(tmp, 0o777 & ~_umask())
+        previous = _previous_set(out) if out.is_dir() else None
+        if not out.exists():
+            os.rename(tmp, out)
+        elif (previous is not None and out != Path.cwd().absolute()
+              and {p.name for p in out.iterdir()} <= previous | {MANIFEST}):
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=parent))
+            os.rmdir(old)
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if not out.is_dir():
+                raise FileExistsError(f"{out} is not a folder")
+            (out / MANIFEST).unlink(missing_ok=True)
+            for name in writers:
+                os.replace(tmp / name, out / name)
+            for stale in (previous or set()) - set(writers):
+                (out / stale).unlink(missing_ok=True)
+            os.replace(tmp / MANIFEST, out / MANIFEST)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

@@ -15,6 +15,8 @@ import typer
 
 from batchsim.sim.measure import MIN_REQUESTS
 
+DEFAULT_SEEDS = 5  # NOTE: batchsim.app.regress.DEFAULT_SEEDS (not imported here: the CLI loads lazily)
+
 __all__ = ["register", "regress_command"]
 
 
@@ -28,6 +30,7 @@ def regress_command(
     markdown: Annotated[Optional[Path], typer.Option(help="write a markdown summary here (for a pull-request comment)")] = None,
     all_rows: Annotated[bool, typer.Option("--all/--changes", help="show every metric in the table, or only those that moved")] = True,
     min_requests: Annotated[int, typer.Option(min=1, help="completed requests a scenario needs in its measured window; fewer is 'not evaluable', a failure")] = MIN_REQUESTS,
+    seeds: Annotated[int, typer.Option(min=1, help="seeds per scenario (seed, seed+1, ...): the gate compares 95% t-intervals of the means; 5 gives a usable interval and stays cheap")] = DEFAULT_SEEDS,
 ) -> None:
     """Re-simulate pinned scenarios and diff their metrics against a baseline; exit 1 on regression."""
     from rich.console import Console
@@ -40,7 +43,8 @@ def regress_command(
 
     if baseline.is_dir():  # said "Is a directory" (read) or wrote nothing useful (--update)
         raise InputError("is a folder; expected a baseline JSON file", f"--baseline {baseline}")
-    report = regress(scenarios, baseline, update=update, rtol=rtol, metrics=metrics, min_requests=min_requests)
+    report = regress(scenarios, baseline, update=update, rtol=rtol, metrics=metrics, min_requests=min_requests,
+                     seeds=seeds)
     # NOTE: CI logs are not terminals; rich would wrap the table at 80 columns.
     console = Console(width=None if Console().is_terminal else 160, highlight=False)
     if all_rows or any(d.status != "ok" for s in report.scenarios for d in s.diffs):
