@@ -281,12 +281,7 @@ def _paired_status(spec: MetricSpec, base: Values, cur: Values, tol: float) -> s
     # neutral; it catches a consistent change whose size varies from seed to seed)
     up = mean - ci > tol or (len(d) >= 5 and all(x > tol for x in d))
     down = -(mean + ci) > tol or (len(d) >= 5 and all(-x > tol for x in d))
-    if not (up or down):
-        return "ok"
-    if spec.better == "either":
-        return "changed"
-    worse = up if spec.better == "lower" else down
-    return "regressed" if worse else "improved"
+    return _verdict(spec, up, down)
 
 
 def _status(spec: MetricSpec, base: tuple[float, float, int] | None,
@@ -298,6 +293,11 @@ def _status(spec: MetricSpec, base: tuple[float, float, int] | None,
     (b, b_ci, _), (c, c_ci, _) = base, cur
     up = (c - c_ci) - (b + b_ci) > tol      # the new interval lies above the baseline's
     down = (b - b_ci) - (c + c_ci) > tol    # ... or below it
+    return _verdict(spec, up, down)
+
+
+def _verdict(spec: MetricSpec, up: bool, down: bool) -> str:
+    """ok, changed, regressed or improved, from whether the metric moved up or down beyond noise."""
     if not (up or down):
         return "ok"
     if spec.better == "either":
