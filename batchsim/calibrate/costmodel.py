@@ -286,17 +286,8 @@ class RooflineCostModel:
         if breakdown:
             return self._priced_breakdown(T, shape.sampled, pre, dcd, host)
         comp, mem, net, over, flops, nbytes, oor = self._dense(T, shape.sampled)
-        for w in (pre, dcd):
-            if w is not None:
-                tc, tm, o = self._roofline(w)
-                if tc >= tm:
-                    comp += tc
-                else:
-                    mem += tm
-                over += w.kernels * self._launch
-                flops += w.flops
-                nbytes += w.bytes
-                oor += o
+        comp, mem, over, flops, nbytes, oor = self._fold([w for w in (pre, dcd) if w is not None],
+                                                         (comp, mem, over, flops, nbytes, oor))
         over += host
         t = self.tp
         return StepCost(seconds=comp + mem + net + over, flops=flops * t, bytes=nbytes * t, compute_s=comp,
