@@ -72,7 +72,7 @@ def pool_plan(tmp_path_factory):
     path = scenario_file(tmp, TINY, "tiny")
     out = tmp / "pool"
     res = plan(load_scenario(path), POOL_SPEC, out, base_dir=path.parent, executor="local", workers=2,
-               show_progress=False)
+               show_progress=False, source=(str(path), ()))
     return path, res, write_plan(res, out)
 
 
@@ -89,7 +89,8 @@ def test_pool_plan_rows_costs_and_files(pool_plan):
         assert r["limit_rps"] - r["capacity_rps"] <= 0.05 * r["capacity_rps"] + 1e-12
     assert f["pareto"].any()
     header = files["plan.csv"].read_text().splitlines()[0]
-    assert header.startswith("config,hardware,tp,policy,knobs,status,capacity_rps,output_tok_s,p99_ttft_ms,p99_tpot_ms,")
+    assert header.startswith("config,hardware,tp,policy,knobs,status,capacity_rps,capacity_estimate_rps,"
+                             "capacity_high_rps,output_tok_s,p99_ttft_ms,p99_ttft_ms_ci95,p99_tpot_ms,")
 
 
 def test_plan_report_is_self_contained_and_escaped(pool_plan):
@@ -165,7 +166,7 @@ def test_ray_gives_the_process_pool_plan(pool_plan, tmp_path):
     path, _, ref_files = pool_plan
     try:
         res = plan(load_scenario(path), POOL_SPEC, tmp_path / "ray", base_dir=path.parent, executor="ray",
-                   show_progress=False)
+                   show_progress=False, source=(str(path), ()))
     finally:
         ray.shutdown()
     files = write_plan(res, tmp_path / "ray")
@@ -245,7 +246,8 @@ def test_a_config_that_rejects_requests_is_refused_unless_allowed(tmp_path):
     allowed = plan(sc, PlanSpec(slos={"p99_tpot_ms": 40.0}, allow_rejections=True, min_requests=50),
                    tmp_path / "o", executor="serial", show_progress=False)
     row = allowed.frame.iloc[0]
-    assert row["status"] == "ok" and row["capacity_rps"] > 0 and row["rejected"] == int(refused["limit_reason"].split()[1])
+    # (the row's count is the mean over its seeds; the refusal names the first seed's)
+    assert row["status"] == "ok" and row["capacity_rps"] > 0 and row["rejected"] > 0
     cli = CliRunner().invoke(app, ["plan", str(path), "--slo", "p99_ttft_ms=2000", "--executor", "serial",
                                    "--out", str(tmp_path / "o")])
     assert cli.exit_code == 0, cli.output

@@ -22,7 +22,8 @@ from batchsim.reports.style import new_figure, png_bytes, policy_colors, styled
 from batchsim.reports.tables import Column, format_cell
 from batchsim.sim.io import atomic_write_text
 
-__all__ = ["pareto_mask", "plan_columns", "pareto_figure", "plan_page", "write_plan_report", "console_table"]
+__all__ = ["pareto_mask", "plan_columns", "pareto_figure", "plan_page", "write_plan_report", "console_table",
+           "has_intervals"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -43,15 +44,26 @@ def _metric_label(key: str) -> str:
 
 
 def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | None,
-                 rejections: bool = False) -> list[Column]:
+                 rejections: bool = False, intervals: bool = False) -> list[Column]:
     """The table's columns: config, capacity, each SLO metric at capacity, fleet and cost
-    (and the requests rejected at capacity, when ``--allow-rejections`` let them through)."""
-    cols = [Column("configuration", "config", "text"), Column("status", "status", "text"),
-            Column("capacity (req/s per replica)", "capacity_rps", "f2"),
-            Column("output tok/s per replica", "output_tok_s", "f0")]
+    (and the requests rejected at capacity, when ``--allow-rejections`` let them through).
+    With ``intervals`` (points pooled over seeds) the capacity is the low end of its 95%
+    interval, the interval and estimate follow it, and each metric shows mean ± half-width."""
+    cols = [Column("configuration", "config", "text"), Column("status", "status", "text")]
+    if intervals:
+        cols += [Column("capacity (req/s per replica, 95% low end)", "capacity_rps", "f2"),
+                 Column("capacity 95% interval (estimate)", "capacity_interval", "text"),
+                 Column("seeds at capacity", "seeds", "int")]
+    else:
+        cols += [Column("capacity (req/s per replica)", "capacity_rps", "f2")]
+    cols += [Column("output tok/s per replica", "output_tok_s", "f0")]
     if rejections:
         cols += [Column("rejected at capacity", "rejected", "int")]
-    cols += [Column(_metric_label(k), k, "f1") for k in dict.fromkeys([*slos, pareto_metric])]
+    metrics = dict.fromkeys([*slos, pareto_metric])
+    if intervals:
+        cols += [Column(_metric_label(k) + " ± 95%", f"{k}_shown", "text") for k in metrics]
+    else:
+        cols += [Column(_metric_label(k), k, "f1") for k in metrics]
     if target_rate is not None:
         cols += [Column("replicas", "replicas", "int")]
     cols += [Column("GPUs", "gpus", "int"), Column("$/hour", "usd_per_hour", "f2"),
@@ -61,13 +73,33 @@ def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | N
     return cols
 
 
+def has_intervals(frame: pd.DataFrame) -> bool:
+    """Whether the plan's points were pooled over seeds (its rows carry intervals)."""
+    return "seeds" in frame and bool((pd.to_numeric(frame["seeds"], errors="coerce") > 1).any())
+
+
+_TEXT_KEYS = ("limit_reason", "knobs", "capacity_interval", "interval_note", "reproduce", "policy_knobs")
+
+
+def _interval_text(r: dict) -> str:
+    lo, mid, hi = r.get("capacity_rps"), r.get("capacity_estimate_rps"), r.get("capacity_high_rps")
+    if not lo:
+        return ""
+    high = f"{hi:.2f}" if hi is not None else "?"
+    return f"{lo:.2f}–{high}" + (f" ({mid:.2f})" if mid is not None else "")
+
+
 def _display_rows(frame: pd.DataFrame) -> list[dict]:
     rows = frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
     for r in rows:
         r["pareto_text"] = "yes" if r.get("pareto") else ""
+        r["capacity_interval"] = _interval_text(r)
+        for k in [k for k in r if f"{k}_ci95" in r]:
+            v, half = r[k], r[f"{k}_ci95"]
+            r[f"{k}_shown"] = ("" if v is None else f"{v:.1f}" if half is None else f"{v:.1f} ± {half:.1f}")
         for k, v in list(r.items()):
             if v is None:
-                r[k] = float("nan") if k not in ("limit_reason", "knobs") else ""
+                r[k] = float("nan") if k not in _TEXT_KEYS else ""
     return rows
 
 
@@ -123,17 +155,27 @@ def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric
                    "and faster).")
         sections.append(("Pareto front: cost vs latency", figure_html(png, "Pareto front of cost vs latency",
                                                                         caption)))
-    cols = plan_columns(slos, metric, target_rate, rejections)
+    cols = plan_columns(slos, metric, target_rate, rejections, has_intervals(frame))
     sections.append(("Configurations (sorted by cost; click a header to sort)",
                      table_html(rows, cols, "plan-table")))
-    sections.append(("How to read this", notes_html(_notes(target_rate))))
+    sections.append(("How to read this", notes_html(_notes(target_rate, has_intervals(frame)))))
     return page(info, sections, footer="batchsim plan: capacity by bracketing and bisection over simulated loads")
 
 
-def _notes(target_rate: float | None) -> list[str]:
+def _notes(target_rate: float | None, intervals: bool = False) -> list[str]:
     fleet = (f"replicas = ceil({target_rate:g} / capacity); GPUs = replicas x TP." if target_rate else
              "No target load was given: one replica at its capacity is priced.")
-    return [
+    seeds = ([
+        "Each rate is simulated on several seeds (the same seeds for every configuration: common random "
+        "numbers), and each SLO metric is a mean with its 95% interval (Student's t over seeds). A rate "
+        "passes when every SLO holds at the upper end of its metric's interval, so the capacity shown, "
+        "sized and priced is the low end of the capacity's 95% interval; the interval's high end is the "
+        "highest rate at which no SLO is shown to fail (the lower ends), and the estimate (in brackets) "
+        "judges the means. A rate adds seeds until its binding metric's interval is narrow enough "
+        "(--ci-width, up to --max-seeds); a WIDE line names any capacity where it stayed wider."]
+        if intervals else
+        ["One seed per point: the capacity has no interval (plan with --seeds 3 or more for one)."])
+    return [*seeds,
         "Capacity is the highest arrival rate per replica whose simulation met every SLO, with no request "
         "rejected (unless --allow-rejections) or unfinished, at least 99% completed, and enough completed "
         "requests in the measured window to judge a p99 (--min-requests); it is within the search tolerance "
@@ -167,14 +209,15 @@ def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_
     It sizes its columns when rendered, for the console's width: a number is
     never wrapped or cut (``38603.9`` stays whole at 100 columns).
     """
-    cols = [c for c in plan_columns(slos, metric, target_rate, rejections) if c.key != "limit_rps"]
+    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, has_intervals(frame))
+            if c.key != "limit_rps"]
     cells = [[format_cell(r, c)[0] for c in cols] for r in _display_rows(frame)]
     return PlanTable(cols, cells, title)
 
 
 # Numeric columns dropped, in this order, when the numbers do not fit the width otherwise.
-_DROPPABLE = ("output_tok_s", "usd_per_hour", "replicas", "status", "pareto_text", "limit_reason", "gpus",
-              "rejected")
+_DROPPABLE = ("output_tok_s", "usd_per_hour", "replicas", "seeds", "status", "pareto_text", "limit_reason",
+              "gpus", "rejected")
 _MIN_WHY = 14  # the "why it failed" column folds its text into at least this many characters
 _HEADER = 12  # a numeric column widens to this many characters for its header, when there is room
 _WHY = 40  # the reason column widens to this before the headers do

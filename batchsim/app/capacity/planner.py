@@ -11,6 +11,14 @@ configurations not dominated in ($/1M output tokens, latency) are marked as
 the Pareto front, and :func:`write_plan` writes ``plan.csv`` (sorted by
 cost), ``plan.json`` and ``plan.html``.
 
+Uncertainty: every rate is judged on ``--seeds`` seeds (more while the binding
+metric's 95% interval is wider than ``--ci-width``, up to ``--max-seeds``), the
+same seeds for every configuration (common random numbers). A point passes
+when every SLO holds at its metric's interval's *upper* end, so the capacity
+reported (and sized and priced) is the low end of the capacity's interval;
+the estimate (SLOs at the means) and the high end (at the lower ends) are
+searched too (:mod:`batchsim.app.capacity.worker`).
+
 Resumable: every finished point is stored under ``DIR/points/`` as it
 finishes; a rerun of an interrupted plan simulates only the missing points
 and writes byte-identical outputs.
@@ -23,6 +31,7 @@ finished configuration.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +42,15 @@ import pandas as pd
 from batchsim.reports.runs import ReportInfo
 from batchsim.app.config import Scenario
 from batchsim.sim.errors import InputError
-from batchsim.sim.io import write_csv, write_json
+from batchsim.sim.io import write_csv, write_json, write_set
 from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
 from batchsim.app.capacity.grid import PlanConfig, build_configs
 from batchsim.app.capacity.search import MIN_REQUESTS, SLO_METRICS
-from batchsim.app.capacity.worker import ConfigOutcome, ConfigTask, search_config
+from batchsim.app.capacity.worker import (DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, ConfigOutcome,
+                                          ConfigTask, search_config)
 
 __all__ = ["PlanSpec", "PlanResult", "plan", "plan_rows", "write_plan", "run_searches", "problem_lines",
+           "decision_lines",
            "NOT_EVALUABLE", "REJECTS"]
 
 NOT_EVALUABLE, REJECTS = "not evaluable", "rejects requests"  # ConfigOutcome.status values
@@ -61,6 +72,16 @@ class PlanSpec:
     pareto_metric: str = "p99_e2el_ms"
     min_requests: int = MIN_REQUESTS  # completed measured requests a point needs to be evaluable
     allow_rejections: bool = False  # plan configurations that reject requests at any load
+    seeds: int = DEFAULT_SEEDS  # seeds each point starts with (seed + 0 .. seeds - 1)
+    max_seeds: int | None = None  # the most a point grows to (None: DEFAULT_MAX_SEEDS, or 1 with one seed)
+    ci_width: float = DEFAULT_CI_WIDTH  # asked relative half-width of the binding metric's interval
+
+    @property
+    def seed_cap(self) -> int:
+        """The most seeds a point may use."""
+        if self.max_seeds is not None:
+            return self.max_seeds
+        return 1 if self.seeds == 1 else max(self.seeds, DEFAULT_MAX_SEEDS)
 
     def check(self) -> None:
         """Raise InputError for values no search could use."""
@@ -76,6 +97,14 @@ class PlanSpec:
             raise InputError(f"must be a positive number of requests/s, got {self.target_rate}", "--target-rate")
         if isinstance(self.min_requests, bool) or not isinstance(self.min_requests, int) or self.min_requests < 1:
             raise InputError(f"must be a whole number >= 1, got {self.min_requests!r}", "--min-requests")
+        for name, value in (("--seeds", self.seeds), ("--max-seeds", self.max_seeds)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InputError(f"must be a whole number >= 1, got {value!r}", name)
+        if self.seed_cap < self.seeds:
+            raise InputError(f"must be at least --seeds ({self.seeds}), got {self.seed_cap}", "--max-seeds")
+        if not (0.0 < self.ci_width < 1.0):
+            raise InputError(f"must be in (0, 1) (a fraction of the metric's mean), got {self.ci_width:g}",
+                             "--ci-width")
 
 
 @dataclass
@@ -98,7 +127,7 @@ def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str 
     from batchsim.app.workers import run_tasks
 
     tasks = [ConfigTask(c, base_dir, tuple(spec.slos.items()), spec.tol, points_dir, spec.min_requests,
-                        spec.allow_rejections) for c in configs]
+                        spec.allow_rejections, spec.seeds, spec.seed_cap, spec.ci_width) for c in configs]
     outcomes: list[ConfigOutcome | None] = [None] * len(tasks)
     with progress(len(tasks), "plan", show_progress) as advance:
         for idx, outcome in run_tasks(task_fn, tasks, executor, workers, ray_address):
@@ -121,23 +150,41 @@ def _prices(configs: Sequence[PlanConfig], spec: PlanSpec) -> dict[str, float]:
 
 
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
-              prices: Mapping[str, float]) -> pd.DataFrame:
+              prices: Mapping[str, float], source: tuple[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
-    (then by capacity, highest first)."""
+    (then by capacity, highest first). With ``source`` (the scenario file and the plan's
+    ``--set`` overrides), each row with a capacity carries the ``batchsim run`` command
+    that reproduces its first seed's point."""
     from batchsim.reports.capacity import pareto_mask
+    from batchsim.reports.stats import CI_SUFFIX
+    from batchsim.app.capacity.reproduce import run_command
 
     metrics = list(dict.fromkeys([*spec.slos, spec.pareto_metric]))
     rows = []
     for c, o in zip(configs, outcomes):
         m = o.metrics or {}
+        facts = m.get("facts") or {}
         row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
-               "capacity_rps": o.capacity, "output_tok_s": m.get("output_throughput")}
-        row.update({k: m.get(k) for k in metrics})
-        row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points,
+               "capacity_rps": o.capacity, "capacity_estimate_rps": o.estimate, "capacity_high_rps": o.upper,
+               "output_tok_s": m.get("output_throughput")}
+        for k in metrics:
+            row[k] = m.get(k)
+            row[k + CI_SUFFIX] = m.get(k + CI_SUFFIX) if o.metrics else None
+        row.update(seeds=m.get("seeds"), binding_metric=m.get("binding_metric"),
+                   binding_ci_rel=m.get("binding_ci_rel"),
+                   interval_ok=(None if m.get("binding_ci_rel") is None else m["binding_ci_rel"] <= spec.ci_width),
+                   interval_note=o.interval_note)
+        row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=prices[c.hardware], target_rps=spec.target_rate)
         row.update(cost_columns(o.capacity, c.tp, prices[c.hardware], o.mean_output_tokens, spec.target_rate))
+        row.update(policy_knobs=json.dumps(facts["policy"], sort_keys=True) if facts.get("policy") else None,
+                   kv_blocks=facts.get("kv_blocks_per_replica"), block_size=facts.get("block_size"),
+                   kv_capacity_tokens=facts.get("kv_capacity_tokens_per_replica"),
+                   max_model_len=facts.get("max_model_len"), engine=facts.get("engine"),
+                   reproduce=(run_command(source[0], source[1], o.point_scenario)
+                              if source is not None and o.point_scenario is not None else None))
         rows.append(row)
     ok = [i for i, r in enumerate(rows) if r["usd_per_1m_output_tokens"] is not None]
     front = pareto_mask([rows[i]["usd_per_1m_output_tokens"] for i in ok], [rows[i][spec.pareto_metric] for i in ok])
@@ -151,10 +198,12 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
     return pd.DataFrame(rows)
 
 
-def problem_lines(frame: pd.DataFrame) -> list[str]:
+def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[str]:
     """One line per configuration that has no capacity because a point could not be judged
     (``NOT EVALUABLE ...``) or because it rejects requests at any load (``REJECTS ...``),
-    and one per configuration whose capacity counts rejected requests (``--allow-rejections``)."""
+    one per configuration whose capacity counts rejected requests (``--allow-rejections``),
+    one per capacity whose binding interval stayed wider than ``width`` (``WIDE ...``) and
+    one per capacity interval with a missing end (``note: ...``)."""
     lines = []
     for r in frame.to_dict(orient="records"):
         if r["status"] == NOT_EVALUABLE:
@@ -162,9 +211,39 @@ def problem_lines(frame: pd.DataFrame) -> list[str]:
         elif r["status"] == REJECTS:
             lines.append(f"REJECTS {r['config']}: {r['limit_reason']}")
         elif r["status"] == "ok" and r.get("rejected"):
-            lines.append(f"warning: {r['config']}: its capacity rejects {int(r['rejected'])} requests "
+            many = (r.get("seeds") or 1) > 1
+            count = f"{r['rejected']:.3g} requests (mean over {int(r['seeds'])} seeds)" if many \
+                else f"{int(r['rejected'])} requests"
+            lines.append(f"warning: {r['config']}: its capacity rejects {count} "
                          "(allowed by --allow-rejections); they count as failing, not as served")
+        if r["status"] == "ok" and r.get("interval_ok") is False:
+            lines.append(f"WIDE {r['config']}: at its capacity {r['binding_metric']} is known to "
+                         f"±{r['binding_ci_rel']:.0%} after {int(r['seeds'])} seeds (asked ±{width:.0%}); "
+                         "raise --max-seeds or workload.num_requests")
+        if r["status"] == "ok" and r.get("interval_note"):
+            lines.append(f"note: {r['config']}: the capacity interval has no high end or estimate: "
+                         f"{r['interval_note']}")
     return lines
+
+
+def decision_lines(result: "PlanResult") -> list[str]:
+    """How the plan decided, and the command that reproduces its first row's first seed."""
+    spec, frame = result.spec, result.frame
+    lines = [f"seeds: {_seed_text_short(spec)}"]
+    if len(frame) and frame.iloc[0]["status"] == "ok":
+        top = frame.iloc[0]
+        lines.append(f"cheapest: {top['config']}")
+        if top.get("reproduce"):
+            lines.append(f"reproduce its first seed: {top['reproduce']}")
+    return lines
+
+
+def _seed_text_short(spec: PlanSpec) -> str:
+    if spec.seed_cap == 1:
+        return "one per point: capacities have no interval (use --seeds 3 or more)"
+    return (f"{spec.seeds} per point (up to {spec.seed_cap} until the binding metric is known to "
+            f"±{spec.ci_width:.0%}); capacity = the low end of its 95% interval (SLOs judged at each "
+            "metric's upper 95% bound)")
 
 
 def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], prices: Mapping[str, float],
@@ -185,8 +264,9 @@ def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], pri
                            f"{', '.join(dict.fromkeys(c.policy for c in configs))}"),
         ("workload", describe_workload(scenario)),
         ("search", f"bracket by doubling, bisect to {spec.tol:.0%}; {simulated + reused} points "
-                   f"({reused} reused from earlier runs); a point needs {spec.min_requests} completed "
-                   "measured requests to be evaluable"),
+                   f"(simulations: a seed at a rate; {reused} reused from earlier runs); a point needs {spec.min_requests} completed "
+                   "measured requests (in every seed) to be evaluable"),
+        ("seeds", _seed_text(scenario, spec)),
         ("rejections", "allowed (--allow-rejections): rejected requests count as failing" if spec.allow_rejections
          else "a configuration that rejects requests at any load is refused"),
         ("prices (USD/GPU-hour)", ", ".join(f"{h} {p:g}" for h, p in prices.items())
@@ -197,11 +277,26 @@ def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], pri
                       calibrated=all(bool(getattr(load_hardware(h), "calibrated", False)) for h in hws))
 
 
+def _seed_text(scenario: Scenario, spec: PlanSpec) -> str:
+    if spec.seed_cap == 1:
+        return (f"one seed ({scenario.seed}): capacities have no interval; the SLOs are judged at the point's "
+                "values (use --seeds 3 or more for intervals)")
+    return (f"seeds {scenario.seed}+0..{spec.seeds - 1} per point, more (to {spec.seed_cap}) while the binding "
+            f"SLO metric's 95% interval is wider than ±{spec.ci_width:.0%} of its mean; the same seeds for "
+            "every configuration and rate (common random numbers). A point passes when every SLO holds at "
+            "its 95% interval's upper end: the capacity shown (and sized and priced) is the low end of "
+            "its interval; the estimate judges the means, the high end the lower ends")
+
+
 def plan(scenario: Scenario, spec: PlanSpec, out_dir: str | Path | None = None,
          base_dir: str | Path | None = None, executor: str = "local", workers: int | None = None,
          ray_address: str | None = None, show_progress: bool | None = None,
-         task_fn: Callable[[ConfigTask], ConfigOutcome] = search_config) -> PlanResult:
-    """Search every configuration's capacity and price the fleet; points go to ``out_dir/points``."""
+         task_fn: Callable[[ConfigTask], ConfigOutcome] = search_config,
+         source: tuple[str, Sequence[str]] | None = None) -> PlanResult:
+    """Search every configuration's capacity and price the fleet; points go to ``out_dir/points``.
+
+    ``source`` (the scenario file and the ``--set`` overrides that made ``scenario``) adds
+    each row's reproducing ``batchsim run`` command."""
     spec.check()
     configs = build_configs(scenario, spec.hardware, spec.tps, spec.policies, spec.knobs)
     prices = _prices(configs, spec)
@@ -211,23 +306,29 @@ def plan(scenario: Scenario, spec: PlanSpec, out_dir: str | Path | None = None,
                             show_progress, task_fn)
     simulated = sum(len(o.new_points) for o in outcomes)
     reused = sum(o.reused for o in outcomes)
-    frame = plan_rows(configs, outcomes, spec, prices)
+    frame = plan_rows(configs, outcomes, spec, prices, source)
     return PlanResult(spec, frame, _info(scenario, spec, configs, prices, simulated, reused),
                       simulated, reused)
 
 
 def write_plan(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write plan.csv, plan.json (the spec and the rows) and plan.html (atomically)."""
-    from batchsim.reports.capacity import write_plan_report
+    """Write plan.csv, plan.json (the spec and the rows) and plan.html as one set
+    (:func:`batchsim.sim.io.write_set`: never a mix with an earlier plan's files;
+    ``points/`` is kept)."""
+    from batchsim.reports.capacity import plan_page
 
     out = Path(out_dir)
     spec = result.spec
-    write_csv(out / "plan.csv", result.frame)
     records = result.frame.astype(object).where(result.frame.notna(), None).to_dict(orient="records")
-    write_json(out / "plan.json", {
-        "slos": dict(spec.slos), "target_rate": spec.target_rate, "tol": spec.tol,
-        "pareto_metric": spec.pareto_metric, "min_requests": spec.min_requests,
-        "allow_rejections": spec.allow_rejections, "configurations": records})
-    html = write_plan_report(out, result.frame, result.info, list(spec.slos), spec.pareto_metric,
-                             spec.target_rate, spec.allow_rejections, problem_lines(result.frame))
-    return {"plan.csv": out / "plan.csv", "plan.json": out / "plan.json", "plan.html": html}
+    doc = {"slos": dict(spec.slos), "target_rate": spec.target_rate, "tol": spec.tol,
+           "pareto_metric": spec.pareto_metric, "min_requests": spec.min_requests,
+           "allow_rejections": spec.allow_rejections, "seeds": spec.seeds, "max_seeds": spec.seed_cap,
+           "ci_width": spec.ci_width, "decided_at": "upper end of each SLO metric's 95% interval" if
+           spec.seed_cap > 1 else "the point's values (one seed)", "configurations": records}
+    html = plan_page(result.frame, result.info, list(spec.slos), spec.pareto_metric, spec.target_rate,
+                            spec.allow_rejections, problem_lines(result.frame, spec.ci_width))
+    write_set(out, {"plan.csv": lambda p: write_csv(p, result.frame),
+                    "plan.json": lambda p: write_json(p, doc),
+                    "plan.html": lambda p: p.write_text(html, encoding="utf-8")},
+              {"kind": "plan", "scenario": result.info.scenario})
+    return {"plan.csv": out / "plan.csv", "plan.json": out / "plan.json", "plan.html": out / "plan.html"}

@@ -30,7 +30,8 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
 __all__ = ["SLO_METRICS", "MIN_COMPLETED", "MIN_REQUESTS", "LOAD_DEPENDENT_REJECTIONS", "PASS", "FAIL",
-           "NOT_EVALUABLE", "REFUSED", "parse_slos", "judge", "verdict", "search", "SearchOutcome", "nice_rate"]
+           "NOT_EVALUABLE", "REFUSED", "BOUNDS", "parse_slos", "judge", "verdict", "search", "SearchOutcome",
+           "nice_rate", "slo_value"]
 
 _STATS = ("mean", "median", "p90", "p99")
 # Summary keys (milliseconds) an SLO may bound; the *_queue_ms ones are computed
@@ -48,6 +49,13 @@ MIN_COMPLETED = 0.99  # a point also fails when fewer of its measured requests c
 LOAD_DEPENDENT_REJECTIONS = ("queue full",)
 
 PASS, FAIL, NOT_EVALUABLE, REFUSED = "pass", "fail", "not evaluable", "refused"
+_RANK = {REFUSED: 0, NOT_EVALUABLE: 1, FAIL: 2}  # which seed's verdict a pooled point reports first
+
+# Which value of a pooled SLO metric (mean ± half-width of its 95% interval over seeds,
+# batchsim.reports.stats) a point is judged by: "upper" (the SLO holds at the interval's
+# upper end: the plan's decision), "mean", or "lower" (it is not shown to fail). A metric
+# without an interval (one seed) is judged by its value under every bound.
+BOUNDS = ("upper", "mean", "lower")
 _REMEDY = "raise workload.num_requests, or lower measure.warmup_s/cooldown_s"
 
 
@@ -85,8 +93,28 @@ def _kinds_text(kinds: Mapping[str, float]) -> str:
     return ", ".join(f"{int(n)} {k}" for k, n in kinds.items())
 
 
+def slo_value(metrics: Mapping, name: str, bound: str = "upper") -> tuple[float | None, str]:
+    """``(the value an SLO on name is judged by, how to say it)``; None when the metric is null.
+
+    With a ``<name>_ci95`` half-width (a point pooled over seeds), ``bound`` picks the
+    interval's upper end, its mean or its lower end."""
+    from batchsim.reports.stats import CI_SUFFIX
+
+    value = metrics.get(name)
+    if value is None or not math.isfinite(float(value)):
+        return None, ""
+    value = float(value)
+    half = metrics.get(name + CI_SUFFIX)
+    if half is None or not math.isfinite(float(half)) or bound == "mean":
+        return value, f"{name} {value:.6g}" + (f" (mean of {metrics.get('seeds')} seeds)" if half is not None
+                                               and bound == "mean" else "")
+    half = float(half)
+    end = value + half if bound == "upper" else value - half
+    return end, f"{name} {value:.6g} ± {half:.3g}: the 95% interval's {bound} end {end:.6g}"
+
+
 def judge(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_REQUESTS,
-          allow_rejections: bool = False) -> tuple[str, str]:
+          allow_rejections: bool = False, bound: str = "upper") -> tuple[str, str]:
     """``(PASS | FAIL | NOT_EVALUABLE | REFUSED, why)`` for one point's metrics.
 
     In order: rejections of a load-independent kind (``all_rejected_by_reason``)
@@ -96,8 +124,45 @@ def judge(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_R
     point; fewer than ``min_requests`` completed in the measured window (when
     the point says how many), or a null SLO metric, makes it *not evaluable*;
     fewer than :data:`MIN_COMPLETED` of its measured requests completed fails it;
-    then each SLO.
+    then each SLO, by :func:`slo_value` under ``bound``.
+
+    A point pooled over seeds (``per_seed``: one metrics mapping per seed, and
+    ``seed_values``) is judged seed by seed for all but the SLOs: the worst
+    seed's verdict (refused, then not evaluable, then fail) is the point's,
+    since a mean cannot rescue a seed that dropped requests or measured too few
+    (the plan worker stops adding seeds at the first such seed).
     """
+    if bound not in BOUNDS:
+        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+    per_seed = metrics.get("per_seed")
+    if per_seed:
+        seeds = metrics.get("seed_values") or list(range(len(per_seed)))
+        worst = None
+        for seed, m in zip(seeds, per_seed):
+            status, why = judge(m, {}, min_requests, allow_rejections)
+            if status != PASS and (worst is None or _RANK[status] < _RANK[worst[0]]):
+                worst = (status, f"seed {seed}: {why}" if len(per_seed) > 1 else why)
+        if worst is not None:
+            return worst
+        return _judge_slos(metrics, slos, bound)
+    status, why = _judge_gates(metrics, min_requests, allow_rejections)
+    if status != PASS:
+        return status, why
+    return _judge_slos(metrics, slos, bound)
+
+
+def _judge_slos(metrics: Mapping, slos: Mapping[str, float], bound: str) -> tuple[str, str]:
+    for name, limit in slos.items():
+        value, text = slo_value(metrics, name, bound)
+        if value is None:
+            return NOT_EVALUABLE, f"{name} is null: no measured request has it"
+        if value > limit:
+            return FAIL, f"{text} > {limit:g}"
+    return PASS, ""
+
+
+def _judge_gates(metrics: Mapping, min_requests: int, allow_rejections: bool) -> tuple[str, str]:
+    """Everything but the SLOs: rejections, unfinished requests, a thin window, completion."""
     rejected = int(metrics.get("all_rejected", metrics.get("rejected", 0)) or 0)
     kinds = dict(metrics.get("all_rejected_by_reason") or {})
     fixed = {k: n for k, n in kinds.items() if k not in LOAD_DEPENDENT_REJECTIONS}
@@ -121,17 +186,11 @@ def judge(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_R
     measured = int(metrics.get("measured_requests", 0) or 0) - int(metrics.get("rejected", 0) or 0)
     if measured > 0 and metrics.get("completed", 0) < MIN_COMPLETED * measured:
         return FAIL, f"only {int(metrics['completed'])} of {measured} requests completed"
-    for name, limit in slos.items():
-        value = metrics.get(name)
-        if value is None or not math.isfinite(float(value)):
-            return NOT_EVALUABLE, f"{name} is null: no measured request has it"
-        if float(value) > limit:
-            return FAIL, f"{name} {float(value):.6g} > {limit:g}"
     return PASS, ""
 
 
 def verdict(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_REQUESTS,
-            allow_rejections: bool = False) -> tuple[bool, str]:
+            allow_rejections: bool = False, bound: str = "upper") -> tuple[bool, str]:
     """``(meets every SLO, why not)`` for one point's metrics (:func:`judge`: a point
     that is not evaluable or refused does not meet the SLO).
 
@@ -139,7 +198,7 @@ def verdict(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN
     :data:`MIN_COMPLETED` of its measured requests completed, fails whatever
     its latencies (those would describe only the requests that got through).
     """
-    status, why = judge(metrics, slos, min_requests, allow_rejections)
+    status, why = judge(metrics, slos, min_requests, allow_rejections, bound)
     return status == PASS, why
 
 
@@ -181,8 +240,9 @@ class _Stop(Exception):
 
 def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, float], start: float,
            tol: float = 0.05, max_doublings: int = 16, max_halvings: int = 5,
-           min_requests: int = MIN_REQUESTS, allow_rejections: bool = False) -> SearchOutcome:
-    """Bracket then bisect the highest rate whose point meets ``slos``.
+           min_requests: int = MIN_REQUESTS, allow_rejections: bool = False,
+           bound: str = "upper") -> SearchOutcome:
+    """Bracket then bisect the highest rate whose point meets ``slos`` (judged under ``bound``).
 
     Doubles from ``start`` while points pass (at most ``max_doublings``
     times) or halves while they fail (at most ``max_halvings`` times; then
@@ -200,7 +260,7 @@ def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, 
     def probe(rate: float) -> bool:
         if rate not in seen:
             m = dict(evaluate(rate))
-            status, why = judge(m, slos, min_requests, allow_rejections)
+            status, why = judge(m, slos, min_requests, allow_rejections, bound)
             if status in (NOT_EVALUABLE, REFUSED):
                 trail.append((rate, False))
                 raise _Stop(rate, status, why)

@@ -9,10 +9,21 @@ KV cache has no room, estimates a start rate from the cost model, and runs
 :func:`batchsim.app.capacity.search.search`, reading and writing points under
 ``DIR/points/<hash>.json`` as it goes.
 
-The hash covers the point's whole scenario (rate and horizon included), the
-batchsim version and a format number, so a stored point is exactly the
+The hash covers the point's whole scenario (rate, seed and horizon included),
+the batchsim version and a format number, so a stored point is exactly the
 simulation a rerun would do. It leaves out the SLO: a rerun with another SLO
 reuses every point its search revisits.
+
+Seeds: a rate is judged on seeds ``seed + 0 .. k - 1`` pooled
+(:func:`pool`: each metric's mean and 95% interval), the same seeds for every
+configuration and rate (common random numbers: the configurations are compared
+on the same requests). ``k`` starts at ``ConfigTask.seeds`` and grows one seed
+at a time until the *binding* SLO metric's interval (the one nearest its limit)
+is within ``ci_width`` of its mean, or ``max_seeds`` is reached (then the row
+says the interval is wider than asked). Three searches share the points: the
+decision (every SLO met at its interval's upper end), the estimate (at the
+mean) and the optimistic end (at the lower end); their capacities are the low
+end, the estimate and the high end of the capacity's interval.
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, s
 from batchsim.sim.metrics import rejections_by_kind
 
 __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_metrics", "search_config",
-           "HORIZON_SPANS", "HORIZON_DRAINS", "ESTIMATE_BATCH", "POINT_FORMAT"]
+           "pool", "binding_metric", "HORIZON_SPANS", "HORIZON_DRAINS", "ESTIMATE_BATCH", "POINT_FORMAT",
+           "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH"]
 
 # A point's horizon: HORIZON_SPANS x the arrival span plus HORIZON_DRAINS x the
 # time the longest request takes alone. A replica that keeps up finishes long
@@ -41,8 +53,13 @@ __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_
 HORIZON_SPANS = 2.0
 HORIZON_DRAINS = 10.0
 ESTIMATE_BATCH = 16  # the start rate assumes this many sequences decode together
-POINT_FORMAT = 2  # bump when a point's meaning changes (invalidates stored points)
+POINT_FORMAT = 3  # bump when a point's meaning changes (invalidates stored points)
 # 2: null latencies (not 0.0) when nothing was measured; all_rejected_by_reason
+# 3: facts (effective policy knobs, KV capacity, engine) beside the metrics
+
+DEFAULT_SEEDS = 3  # seeds a point starts with: the fewest that give an interval with a usable t (4.30)
+DEFAULT_MAX_SEEDS = 10  # the most a point grows to while its binding interval is too wide
+DEFAULT_CI_WIDTH = 0.10  # asked half-width of the binding metric's 95% interval, relative to its mean
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,9 @@ class ConfigTask:
     points_dir: str | None
     min_requests: int = MIN_REQUESTS
     allow_rejections: bool = False
+    seeds: int = 1
+    max_seeds: int = 1
+    ci_width: float = DEFAULT_CI_WIDTH
 
 
 @dataclass
@@ -64,14 +84,19 @@ class ConfigOutcome:
 
     label: str
     status: str  # "ok", "SLO not met", "does not fit", "not evaluable" or "rejects requests"
-    capacity: float = 0.0
-    metrics: dict | None = None
+    capacity: float = 0.0  # the decision: the capacity interval's low end
+    metrics: dict | None = None  # pooled over seeds (means, <key>_ci95 half-widths) at ``capacity``
     limit_rate: float | None = None
     limit_reason: str = ""
-    points: int = 0
+    points: int = 0  # simulations (seeds x rates) behind the searches: stored points
     mean_output_tokens: float = 0.0
     new_points: dict[str, dict] = field(default_factory=dict)
     reused: int = 0
+    estimate: float | None = None  # capacity judged at the means (None with one seed)
+    upper: float | None = None  # capacity judged at the lower ends (the interval's high end)
+    interval_note: str = ""  # why an end of the interval is missing
+    rates: int = 0  # rates tried
+    point_scenario: dict | None = None  # the first seed's scenario at ``capacity`` (reproduces the row)
 
 
 def point_key(point_scenario: dict, base_dir: str | None) -> str:
@@ -154,8 +179,16 @@ def _load_point(path: Path) -> dict | None:
         return None  # missing, or damaged by something other than our atomic writes: recompute
 
 
+def _facts(summary: dict) -> dict:
+    """What a point ran with (its summary's provenance): effective policy knobs, KV capacity, engine."""
+    prov = summary.get("provenance") or {}
+    keep = ("policy", "kv_blocks_per_replica", "block_size", "kv_capacity_tokens_per_replica", "max_model_len",
+            "engine", "scenario_hash")
+    return {k: prov.get(k) for k in keep if k in prov}
+
+
 def _simulate_point(data: dict, base_dir: str | None) -> dict:
-    """One point's metrics: the summary, queueing delays and whole-run counts."""
+    """One point's metrics: the summary, queueing delays, whole-run counts and its facts."""
     from batchsim.app.runner import run_scenario
 
     sc = scenario_from_dict(data, "plan point")
@@ -169,11 +202,41 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     metrics["all_rejected"] = int(len(rejected))
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
     metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())
+    metrics["facts"] = _facts(result.summary)
     return metrics
 
 
+def binding_metric(metrics: dict, slos: dict) -> str | None:
+    """The SLO metric nearest its limit (highest mean / limit); None when every one is null."""
+    ratios = {k: float(metrics[k]) / limit for k, limit in slos.items()
+              if metrics.get(k) is not None and np.isfinite(float(metrics[k]))}
+    return max(ratios, key=lambda k: (ratios[k], k)) if ratios else None
+
+
+def pool(per_seed: list[dict], seed_values: list[int], slos: dict) -> dict:
+    """One rate's metrics over its seeds: each numeric metric's mean and ``<key>_ci95``
+    (batchsim.reports.stats.aggregate), the seed runs themselves (``per_seed``, judged one
+    by one for rejections and thin windows), and the binding metric with its relative
+    half-width (``binding_ci_rel``; None with one seed)."""
+    from batchsim.reports.stats import CI_SUFFIX, aggregate
+
+    plain = [{k: v for k, v in m.items() if k not in ("facts", "all_rejected_by_reason")} for m in per_seed]
+    out = aggregate(plain) if len(plain) > 1 else dict(plain[0])
+    out.update(seeds=len(per_seed), seed_values=list(seed_values), per_seed=per_seed,
+               facts=per_seed[0].get("facts"))
+    name = binding_metric(out, slos)
+    half = out.get(f"{name}{CI_SUFFIX}") if name else None
+    mean = float(out[name]) if name else 0.0
+    out["binding_metric"] = name
+    out["binding_ci_rel"] = (float(half) / mean if half is not None and np.isfinite(half) and mean > 0
+                             else None)
+    return out
+
+
 def search_config(task: ConfigTask) -> ConfigOutcome:
-    """The plan worker: search one configuration's capacity, storing each point."""
+    """The plan worker: search one configuration's capacity (and its interval), storing each point."""
+    from batchsim.app.compare import with_seed
+    from batchsim.app.capacity.search import BOUNDS, PASS, judge
     from batchsim.app.runner import build_parts
 
     cfg = task.config
@@ -187,30 +250,70 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
     est = _estimates(scenario, parts, limits)
     out = ConfigOutcome(cfg.label, "ok", mean_output_tokens=est["mean_output_tokens"])
     store = Path(task.points_dir) if task.points_dir else None
+    slos = dict(task.slos)
+    seeded = [scenario]  # seed + i, made as the sizing asks for them
 
-    def evaluate(rate: float) -> dict:
-        data = point_scenario(scenario, rate, est)
+    def run_seed(rate: float, i: int) -> dict:
+        while len(seeded) <= i:
+            seeded.append(with_seed(scenario, len(seeded)))
+        data = point_scenario(seeded[i], rate, est)
         key = point_key(data, task.base_dir)
+        out.points += 1
         cached = _load_point(store / f"{key}.json") if store else None
         if cached is not None:
             out.reused += 1
             return cached
-        record = {"key": key, "config": cfg.label, "rate": rate, "scenario": data,
+        record = {"key": key, "config": cfg.label, "rate": rate, "seed": data["seed"], "scenario": data,
                   "metrics": _simulate_point(data, task.base_dir)}
         if store:
             write_json(store / f"{key}.json", record)
         out.new_points[key] = record
         return record["metrics"]
 
-    found = search(evaluate, dict(task.slos), est["start"], task.tol, min_requests=task.min_requests,
-                   allow_rejections=task.allow_rejections)
+    pooled: dict[float, dict] = {}
+
+    def evaluate(rate: float) -> dict:
+        """The rate's pooled metrics; seeds are added until the binding interval is narrow enough."""
+        if rate not in pooled:
+            runs: list[dict] = []
+            while True:
+                runs.append(run_seed(rate, len(runs)))
+                # NOTE: the first seed that fails a gate (drops requests, too thin a window)
+                # decides the point: no mean over more seeds can rescue it
+                if judge(runs[-1], {}, task.min_requests, task.allow_rejections)[0] != PASS:
+                    break
+                if len(runs) < task.seeds:
+                    continue
+                rel = pool(runs, [scenario.seed + i for i in range(len(runs))], slos)["binding_ci_rel"]
+                if len(runs) >= task.max_seeds or rel is None or rel <= task.ci_width:
+                    break
+            pooled[rate] = pool(runs, [scenario.seed + i for i in range(len(runs))], slos)
+        return pooled[rate]
+
+    def run_search(bound: str):
+        return search(evaluate, slos, est["start"], task.tol, min_requests=task.min_requests,
+                      allow_rejections=task.allow_rejections, bound=bound)
+
+    found = run_search(BOUNDS[0])
     out.capacity, out.metrics = found.capacity, found.metrics
     out.limit_rate, out.limit_reason = found.limit_rate, found.limit_reason
-    out.points = len({r for r, _ in found.trail})
     if found.status == NOT_EVALUABLE:
         out.status = "not evaluable"
     elif found.status == REFUSED:
         out.status = "rejects requests"
     elif found.capacity <= 0:
         out.status = "SLO not met"
+    if found.capacity > 0:
+        out.point_scenario = point_scenario(scenario, found.capacity, est)
+        if task.max_seeds > 1:  # NOTE: with one seed there is no interval: the three bounds coincide
+            ends = {}
+            for bound in BOUNDS[1:]:
+                other = run_search(bound)
+                ends[bound] = other.capacity if other.status == PASS and other.capacity > 0 else None
+                if ends[bound] is None:
+                    out.interval_note = (f"judged at the {bound} end the search stopped: {other.limit_reason}")
+            out.estimate, out.upper = ends["mean"], ends["lower"]
+    out.rates = len(pooled)
+    if out.metrics is not None:  # the row's metrics: means and half-widths, not every seed's
+        out.metrics = {k: v for k, v in out.metrics.items() if k != "per_seed"}
     return out

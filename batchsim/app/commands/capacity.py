@@ -18,6 +18,7 @@ import typer
 
 from batchsim.app.commands.compare import ExecutorOpt, SetOpt, WorkersOpt
 from batchsim.sim.measure import MIN_REQUESTS
+from batchsim.app.capacity.worker import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
 
 __all__ = ["register", "plan_command"]
 
@@ -43,6 +44,13 @@ def plan_command(
     allow_rejections: Annotated[bool, typer.Option("--allow-rejections", help="plan configurations that reject requests "
                                                    "at any load (too long for max_model_len, the KV cache or the step "
                                                    "budget); rejected requests then count as failing")] = False,
+    seeds: Annotated[int, typer.Option(min=1, help="seeds each point starts with (scenario seed + i, the same for every "
+                                                   "configuration); 1: no intervals")] = DEFAULT_SEEDS,
+    max_seeds: Annotated[Optional[int], typer.Option(min=1, help="the most seeds a point grows to while its binding "
+                                                               f"metric's interval is too wide (default {DEFAULT_MAX_SEEDS}; "
+                                                               "1 with --seeds 1)")] = None,
+    ci_width: Annotated[float, typer.Option(help="asked half-width of the binding SLO metric's 95% interval, as a "
+                                                 "fraction of its mean")] = DEFAULT_CI_WIDTH,
     out: Annotated[Optional[Path], typer.Option(help="output folder; rerunning into it resumes (default runs/plan-<scenario>)")] = None,
     set_: SetOpt = None,
     executor: ExecutorOpt = "local",
@@ -54,7 +62,7 @@ def plan_command(
 
     from batchsim.reports.capacity import console_table
     from batchsim.app.commands.compare import load_for_command
-    from batchsim.app.capacity.planner import NOT_EVALUABLE, PlanSpec, plan, problem_lines, write_plan
+    from batchsim.app.capacity.planner import NOT_EVALUABLE, PlanSpec, decision_lines, plan, problem_lines, write_plan
     from batchsim.app.capacity.costs import parse_prices
     from batchsim.app.capacity.grid import parse_knobs, parse_names, parse_tps
     from batchsim.app.capacity.search import parse_slos
@@ -63,17 +71,21 @@ def plan_command(
                     policies=parse_names(policies, "--policies"), knobs=parse_knobs(knob),
                     target_rate=target_rate, prices=parse_prices(price),
                     price_table=str(prices) if prices is not None else None, tol=tol, pareto_metric=pareto_metric,
-                    min_requests=min_requests, allow_rejections=allow_rejections)
+                    min_requests=min_requests, allow_rejections=allow_rejections, seeds=seeds,
+                    max_seeds=max_seeds, ci_width=ci_width)
     sc, base = load_for_command(scenario, set_)
     dest = out or Path("runs") / f"plan-{sc.name}"
-    result = plan(sc, spec, dest, base_dir=base, executor=executor, workers=workers, ray_address=ray_address)
+    result = plan(sc, spec, dest, base_dir=base, executor=executor, workers=workers, ray_address=ray_address,
+                  source=(str(scenario), tuple(set_ or ())))
     files = write_plan(result, dest)
     # NOTE: piped output is not a terminal; rich would wrap the table at 80 columns.
     console = Console(width=None if Console().is_terminal else 240, highlight=False)
     title = f"{sc.name}: {result.info.model}, capacity per replica under {', '.join(spec.slos)}"
     console.print(console_table(result.frame, list(spec.slos), spec.pareto_metric, spec.target_rate, title,
                                 spec.allow_rejections))
-    for line in problem_lines(result.frame):
+    for line in problem_lines(result.frame, spec.ci_width):
+        console.print(line, soft_wrap=True, markup=False)
+    for line in decision_lines(result):
         console.print(line, soft_wrap=True, markup=False)
     console.print(f"points: {result.simulated} simulated, {result.reused} reused from {dest / 'points'}")
     console.print(f"report: {files['plan.html']}")

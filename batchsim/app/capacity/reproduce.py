@@ -1,0 +1,98 @@
+"""The ``batchsim run`` command line that reproduces one plan row.
+
+A plan row's numbers come from simulations of a configuration (the scenario
+with its hardware, TP, policy and knob values) at one rate, horizon and seed.
+:func:`run_command` writes the command that simulates exactly that scenario:
+the scenario file, the plan's own ``--set`` overrides, ``--policy`` for a
+swapped policy, and one ``--set`` per field that differs. It is checked, not
+trusted: the command's arguments are loaded the way ``batchsim run`` loads
+them, and the command is returned only when the result is the same scenario.
+
+NOTE: ``batchsim run`` applies ``--set`` before ``--policy`` swaps the policy
+in, so a knob of a swapped policy is written as ``policy_knobs.<name>.<knob>``
+(which the swap reads), never as ``policy.<knob>`` (which the swap replaces).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["run_command", "scenario_sets"]
+
+
+def _text(value: Any) -> str:
+    """A ``--set`` value that loads back as ``value`` (YAML; JSON is YAML)."""
+    from batchsim.sim.safe_yaml import load_yaml
+
+    if isinstance(value, str):
+        try:
+            if load_yaml(value) == value:
+                return value
+        except Exception:  # noqa: BLE001 - any text YAML refuses is quoted below
+            pass
+    return json.dumps(value, sort_keys=True)
+
+
+def _diff(src: Any, dst: Any, key: str, out: list[tuple[str, Any]]) -> None:
+    """Dotted ``(key, value)`` settings that turn ``src`` into ``dst``."""
+    if isinstance(src, dict) and isinstance(dst, dict) and key and set(src) <= set(dst):
+        for k, v in dst.items():
+            _diff(src.get(k, _MISSING), v, f"{key}.{k}", out)
+    elif isinstance(src, dict) and isinstance(dst, dict) and not key:
+        for k, v in dst.items():
+            _diff(src.get(k, _MISSING), v, k, out)
+    elif src is _MISSING or src != dst or type(src) is not type(dst):
+        out.append((key, dst))
+
+
+_MISSING = object()
+
+
+def scenario_sets(base: dict, target: dict, policy: str | None) -> list[str]:
+    """``dotted.key=value`` settings that turn ``base`` (then swapped to ``policy``) into ``target``."""
+    pairs: list[tuple[str, Any]] = []
+    _diff(base, target, "", pairs)
+    sets = []
+    for key, value in pairs:
+        if policy is not None and (key == "policy" or key.startswith("policy.")):
+            # a knob of the swapped-in policy goes where the swap reads it
+            if key == "policy":
+                continue  # the whole policy differs only by fields the swap sets (checked by the caller)
+            key = f"policy_knobs.{policy}.{key.removeprefix('policy.')}"
+        sets.append(f"{key}={_text(value)}")
+    return sets
+
+
+def _loaded(path: str, policy: str | None, sets: Sequence[str]) -> dict:
+    from batchsim.app.compare import scenario_data, with_policy
+    from batchsim.app.config import load_scenario
+
+    sc = load_scenario(path, list(sets))
+    return scenario_data(with_policy(sc, policy) if policy else sc)
+
+
+def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str | None:
+    """``batchsim run PATH [--policy P] --set ...`` whose scenario is ``target``; None if no
+    such command is found (it is checked by loading it as ``batchsim run`` does)."""
+    path = str(path)
+    user = list(user_sets)
+    base = _loaded(path, None, user)
+    name = str(target.get("policy", {}).get("name"))
+    swap = name if name != str(base.get("policy", {}).get("name")) else None
+    tries = []
+    swapped = _loaded(path, swap, user) if swap else base
+    tries.append((swap, user + scenario_sets(swapped, target, swap)))
+    # the fallback: the whole policy spelled out, no swap
+    tries.append((None, user + scenario_sets(base, target, None)))
+    for policy, sets in tries:
+        try:
+            if _loaded(path, policy, sets) != target:
+                continue
+        except Exception:  # noqa: BLE001 - a candidate that does not load is not the command
+            continue
+        return shlex.join(["batchsim", "run", path, *(["--policy", policy] if policy else []),
+                           *[a for s in sets for a in ("--set", s)]])
+    return None

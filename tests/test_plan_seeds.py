@@ -1,0 +1,201 @@
+"""`batchsim plan` with seeds: pooled points judged at an interval's upper end, capacity
+intervals, interval-width sizing, common random numbers and the reproducing command."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from batchsim.app.cli import app
+from batchsim.app.config import load_scenario
+from batchsim.app.capacity.planner import PlanSpec, plan, problem_lines, write_plan
+from batchsim.app.capacity.search import FAIL, PASS, judge
+from batchsim.app.capacity.worker import pool
+from batchsim.sim.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = """\
+name: plan-seeds
+model: llama-3-8b
+hardware: h100-sxm
+policy: {name: continuous, max_num_seqs: 64}
+policy_knobs:
+  chunked_prefill: {max_num_seqs: 64, max_num_batched_tokens: 512}
+workload:
+  num_requests: 100
+  arrival: {process: poisson, rate: 5.0}
+  prompt_tokens: {dist: lognormal, median: 300, p90: 1200, max: 3000}
+  output_tokens: {dist: lognormal, median: 24, p90: 80, max: 160}
+seed: 3
+"""
+SLOS = {"p99_ttft_ms": 500.0, "p99_tpot_ms": 40.0}
+
+
+def _file(tmp: Path, text: str = TINY) -> Path:
+    path = tmp / "tiny.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _seed(value: float, **extra) -> dict:
+    return {"p99_ttft_ms": value, "completed": 200, "measured_requests": 200, "num_requests": 200, **extra}
+
+
+def test_a_pooled_point_is_judged_at_its_intervals_upper_end():
+    runs = [_seed(80.0), _seed(90.0), _seed(100.0)]
+    p = pool(runs, [0, 1, 2], {"p99_ttft_ms": 100.0})
+    assert p["p99_ttft_ms"] == pytest.approx(90.0) and p["p99_ttft_ms_ci95"] == pytest.approx(24.84, abs=0.01)
+    status, why = judge(p, {"p99_ttft_ms": 100.0})
+    assert status == FAIL and "upper end 114.8" in why, why
+    assert judge(p, {"p99_ttft_ms": 100.0}, bound="mean")[0] == PASS
+    assert judge(p, {"p99_ttft_ms": 70.0}, bound="lower")[0] == PASS  # 90 - 24.8 < 70
+    assert p["binding_metric"] == "p99_ttft_ms" and p["binding_ci_rel"] == pytest.approx(24.84 / 90, abs=1e-3)
+    # one seed: no interval, every bound judges the value
+    one = pool(runs[:1], [0], {"p99_ttft_ms": 100.0})
+    assert one["binding_ci_rel"] is None
+    assert {judge(one, {"p99_ttft_ms": 85.0}, bound=b)[0] for b in ("upper", "mean", "lower")} == {PASS}
+
+
+def test_one_seed_that_drops_requests_fails_the_pooled_point_whatever_the_mean():
+    runs = [_seed(10.0), _seed(10.0, all_unfinished=3), _seed(10.0)]
+    status, why = judge(pool(runs, [0, 1, 2], {"p99_ttft_ms": 100.0}), {"p99_ttft_ms": 100.0})
+    assert status == FAIL and why == "seed 1: 3 requests unfinished at the horizon"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("seeds", 0, "--seeds"), ("max_seeds", 2, "--max-seeds"), ("ci_width", 0.0, "--ci-width"),
+    ("seeds", True, "--seeds")])
+def test_bad_seed_options_name_the_option(field, value, message):
+    spec = PlanSpec(slos=SLOS, **{"seeds": 3, field: value})
+    with pytest.raises(InputError) as e:
+        spec.check()
+    assert e.value.where == message
+
+
+def test_seeded_plan_gives_an_interval_around_the_estimate_and_sizes_on_its_low_end(tmp_path):
+    path = _file(tmp_path)
+    sc = load_scenario(path)
+    one = plan(sc, PlanSpec(slos=SLOS, seeds=1), tmp_path / "one", executor="serial", show_progress=False)
+    many = plan(sc, PlanSpec(slos=SLOS, seeds=3, target_rate=50.0), tmp_path / "many", executor="serial",
+                show_progress=False)
+    r1, r = one.frame.iloc[0], many.frame.iloc[0]
+    assert r1["seeds"] == 1 and r1["capacity_estimate_rps"] is None and r1["capacity_high_rps"] is None
+    assert r["status"] == "ok" and r["seeds"] >= 3
+    assert 0 < r["capacity_rps"] <= r["capacity_estimate_rps"] <= r["capacity_high_rps"]
+    assert r["replicas"] == -(-50.0 // r["capacity_rps"])  # sized on the low end
+    for k in SLOS:  # the metrics at capacity carry their half-widths, and meet the SLO at the upper end
+        assert r[f"{k}_ci95"] > 0 and r[k] + r[f"{k}_ci95"] <= SLOS[k]
+    # the same seeds for every configuration and rate: seed 3 + i, stored one file each
+    seeds = {json.loads(p.read_text())["seed"] for p in (tmp_path / "many" / "points").glob("*.json")}
+    assert {3, 4, 5} <= seeds <= set(range(3, 13))
+    info = dict(many.info.details)
+    assert "common random numbers" in info["seeds"] and "upper end" in info["seeds"]
+    assert "no interval" in dict(one.info.details)["seeds"]
+
+
+def test_seeds_grow_until_the_binding_interval_is_narrow_or_say_it_is_wide(tmp_path):
+    path = _file(tmp_path)
+    sc = load_scenario(path)
+    tight = plan(sc, PlanSpec(slos=SLOS, seeds=2, max_seeds=4, ci_width=0.001), tmp_path / "t",
+                 executor="serial", show_progress=False).frame.iloc[0]
+    assert tight["seeds"] == 4 and not bool(tight["interval_ok"])
+    lines = problem_lines(pd.DataFrame([tight.to_dict()]), 0.001)
+    assert any(re.match(rf"WIDE {re.escape(tight['config'])}: at its capacity p99_\w+_ms is known to ±\d+% "
+                        r"after 4 seeds \(asked ±0%\)", line) for line in lines), lines
+    # (with 2 seeds t is 12.7: only 3 or more give a usable interval)
+    loose = plan(sc, PlanSpec(slos=SLOS, seeds=3, max_seeds=8, ci_width=0.9), tmp_path / "t",
+                 executor="serial", show_progress=False).frame.iloc[0]
+    assert loose["seeds"] == 3 and bool(loose["interval_ok"])
+
+
+def _points(out: Path) -> dict[tuple, dict]:
+    recs = [json.loads(p.read_text()) for p in (out / "points").glob("*.json")]
+    return {(r["config"], r["rate"], r["seed"]): r for r in recs}
+
+
+def test_configurations_share_their_seeds_common_random_numbers(tmp_path):
+    path = _file(tmp_path)
+    res = plan(load_scenario(path), PlanSpec(slos=SLOS, seeds=2, max_seeds=2, policies=("continuous", "chunked_prefill")),
+               tmp_path / "o", executor="serial", show_progress=False)
+    pts = _points(tmp_path / "o")
+    cfgs = sorted({c for c, _, _ in pts})
+    assert len(cfgs) == 2
+    shared = {(rate, seed) for c, rate, seed in pts if c == cfgs[0]} & {(rate, seed) for c, rate, seed in pts if c == cfgs[1]}
+    assert shared  # both searches start at nearby rates; where they meet, the workloads are the same requests
+    for rate, seed in shared:
+        a, b = pts[(cfgs[0], rate, seed)], pts[(cfgs[1], rate, seed)]
+        assert a["scenario"]["workload"] == b["scenario"]["workload"] and a["scenario"]["seed"] == b["scenario"]["seed"]
+        assert a["metrics"]["num_requests"] == b["metrics"]["num_requests"]
+    assert set(res.frame["status"]) == {"ok"}
+
+
+def test_each_row_reproduces_with_its_batchsim_run_command(tmp_path, monkeypatch):
+    path = _file(tmp_path)
+    args = ["plan", str(path), "--slo", "p99_ttft_ms=500", "--slo", "p99_tpot_ms=40", "--policies",
+            "continuous,chunked_prefill", "--knob", "policy.max_num_seqs=32,64", "--seeds", "2",
+            "--max-seeds", "2", "--executor", "serial", "--set", "workload.num_requests=120", "--out",
+            str(tmp_path / "plan")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "reproduce its first seed: batchsim run" in res.output
+    rows = json.loads((tmp_path / "plan" / "plan.json").read_text())["configurations"]
+    pts = _points(tmp_path / "plan")
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    for i, row in enumerate(rows):
+        facts = json.loads(row["policy_knobs"])
+        assert facts["name"] == row["policy"] and row["kv_blocks"] > 0 and row["kv_capacity_tokens"] > 0
+        cmd = shlex.split(row["reproduce"])
+        assert cmd[:3] == ["batchsim", "run", str(path)] and "workload.num_requests=120" in cmd
+        out = tmp_path / f"run{i}"
+        ran = CliRunner().invoke(app, [*cmd[1:], "--out", str(out)])
+        assert ran.exit_code == 0, ran.output
+        summary = json.loads((out / "summary.json").read_text())
+        point = pts[(row["config"], row["capacity_rps"], 3)]["metrics"]
+        for k in ("p99_ttft_ms", "p99_tpot_ms", "output_throughput", "completed"):
+            assert summary[k] == point[k], (row["config"], k)
+        assert summary["provenance"]["policy"] == facts
+
+
+def test_plan_outputs_are_one_set_and_keep_the_points(tmp_path):
+    path = _file(tmp_path)
+    out = tmp_path / "o"
+    res = plan(load_scenario(path), PlanSpec(slos=SLOS, seeds=2, max_seeds=2), out, executor="serial",
+               show_progress=False)
+    write_plan(res, out)
+    (out / "stale.txt").write_text("x")
+    first = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    write_plan(res, out)
+    names = {p.name for p in out.iterdir()}
+    assert {"plan.csv", "plan.json", "plan.html", "manifest.json", "points"} <= names
+    assert all((out / n).read_bytes() == b for n, b in first.items() if n != "stale.txt" and (out / n).exists())
+    assert json.loads((out / "manifest.json").read_text())["files"].keys() == {"plan.csv", "plan.json", "plan.html"}
+
+
+def _plan_chat(seed: int, out: str) -> dict:
+    res = CliRunner().invoke(app, ["plan", str(ROOT / "examples" / "plan-chat.yaml"), "--slo", "p99_ttft_ms=1500",
+                                   "--slo", "p99_tpot_ms=60", "--target-rate", "40", "--set", f"seed={seed}",
+                                   "--executor", "serial", "--out", out])
+    assert res.exit_code == 0, res.output
+    return json.loads((Path(out) / "plan.json").read_text())["configurations"][0]
+
+
+@pytest.mark.slow
+def test_plan_chat_interval_holds_five_reruns_with_other_base_seeds(tmp_path):
+    """docs/capacity-planning.md "Seeds and intervals": the chosen configuration's capacity interval,
+    and 5 reruns with other base seeds whose estimates fall inside it."""
+    seeds = [0, 1000, 2000, 3000, 4000, 5000]
+    with ProcessPoolExecutor(2) as ex:
+        rows = list(ex.map(_plan_chat, seeds, [str(tmp_path / f"s{s}") for s in seeds]))
+    base, reruns = rows[0], rows[1:]
+    lo, hi = base["capacity_rps"], base["capacity_high_rps"]
+    assert lo < base["capacity_estimate_rps"] <= hi
+    inside = [lo <= r["capacity_estimate_rps"] <= hi for r in reruns]
+    assert all(inside), [(r["capacity_estimate_rps"], lo, hi) for r in reruns]
