@@ -107,7 +107,8 @@ def _display_rows(frame: pd.DataFrame) -> list[dict]:
 def pareto_figure(frame: pd.DataFrame, metric: str) -> Figure:
     """$/1M output tokens vs ``metric`` at capacity per configuration; the front joined.
 
-    Colour = policy, marker = hardware, label = hardware and TP on front points.
+    Colour = policy, marker = hardware, label = hardware and TP on front points; with
+    seeds, a vertical bar is the metric's 95% interval at capacity.
     """
     ok = frame[frame["usd_per_1m_output_tokens"].notna()]
     fig = new_figure(9.0, 5.2)
@@ -118,6 +119,10 @@ def pareto_figure(frame: pd.DataFrame, metric: str) -> Figure:
         on = bool(r["pareto"])
         ax.plot([r["usd_per_1m_output_tokens"]], [r[metric]], ls="none", marker=marks[r["hardware"]], ms=9 if on else 7,
                 color=colors[r["policy"]], mec="black" if on else "none", mew=1.0, alpha=1.0 if on else 0.55)
+        half = r.get(f"{metric}_ci95")
+        if half is not None and pd.notna(half) and half > 0:
+            ax.errorbar([r["usd_per_1m_output_tokens"]], [r[metric]], yerr=[[half], [half]], fmt="none",
+                        ecolor=colors[r["policy"]], capsize=3, elinewidth=1, alpha=1.0 if on else 0.55)
     front = ok[ok["pareto"].astype(bool)].sort_values("usd_per_1m_output_tokens")
     if len(front):
         ax.step(front["usd_per_1m_output_tokens"], front[metric], where="post", color="black", lw=1.0, ls="--",
