@@ -14,7 +14,7 @@ import html
 from typing import Sequence
 
 from batchsim.reports.runs import ReportInfo
-from batchsim.reports.tables import Column, table_rows
+from batchsim.reports.tables import Column, shown_columns, table_rows
 
 __all__ = ["page", "figure_html", "table_html", "header_html", "notes_html", "esc"]
 
@@ -91,7 +91,9 @@ def header_html(info: ReportInfo) -> str:
 
 
 def table_html(rows: Sequence[dict], columns: Sequence[Column], table_id: str) -> str:
-    """A sortable table: click a header to sort by it (numbers by value)."""
+    """A sortable table: click a header to sort by it (numbers by value). Optional
+    columns no row has are left out (:func:`batchsim.reports.tables.shown_columns`)."""
+    columns = shown_columns(rows, columns)
     head = "".join(f'<th scope="col">{esc(c.label)}</th>' for c in columns)
     body = []
     for cells in table_rows(rows, columns):

@@ -5,6 +5,12 @@ with several seeds each numeric key holds the mean and is followed by
 ``<key>_ci95``, the 95% CI half-width, after a ``seeds`` column. CSV floats
 are written with a fixed format (``batchsim.sim.io.write_csv``), so the same scenario
 and seed give the same bytes.
+
+A column with ``absent`` set is optional: it is shown only when some row has
+its key (:func:`shown_columns`), and a row without the key shows ``absent``.
+The prefix-cache hit rate is one (``prefix_cache_hit_rate`` is in a summary only
+when the run had a prefix cache; docs/prefix-caching.md), so reports of runs
+without prefix caching keep the columns they always had.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from batchsim.reports.runs import PolicyRun
 from batchsim.reports.stats import CI_SUFFIX
 
 __all__ = ["summary_frame", "runs_frame", "csv_frame", "rejection_rows", "Column", "LATENCY_COLUMNS",
-           "UTILIZATION_COLUMNS", "SWEEP_COLUMNS", "REJECTION_COLUMNS", "format_cell", "table_rows",
-           "CSV_FLOAT_FORMAT"]
+           "UTILIZATION_COLUMNS", "SWEEP_COLUMNS", "REJECTION_COLUMNS", "PREFIX_CACHE_COLUMN", "format_cell",
+           "table_rows", "shown_columns", "CSV_FLOAT_FORMAT"]
 
 CSV_FLOAT_FORMAT = "%.9g"
 
@@ -71,12 +77,28 @@ def runs_frame(runs: Sequence[PolicyRun]) -> pd.DataFrame:
 
 
 class Column:
-    """A report-table column: a label with its unit, a key and a format."""
+    """A report-table column: a label with its unit, a key and a format; ``absent``
+    (optional columns only) is what a row without the key shows."""
 
-    __slots__ = ("label", "key", "kind")
+    __slots__ = ("label", "key", "kind", "absent")
 
-    def __init__(self, label: str, key: str, kind: str) -> None:
-        self.label, self.key, self.kind = label, key, kind
+    def __init__(self, label: str, key: str, kind: str, absent: str | None = None) -> None:
+        self.label, self.key, self.kind, self.absent = label, key, kind, absent
+
+
+def _has(row: dict, key: str) -> bool:
+    """``row`` has a value for ``key`` (a frame's missing cell is NaN)."""
+    v = row.get(key)
+    return key in row and not (isinstance(v, float) and math.isnan(v))
+
+
+def shown_columns(rows: Sequence[dict], columns: Sequence[Column]) -> list[Column]:
+    """``columns`` without the optional ones (``absent`` set) that no row has."""
+    return [c for c in columns if c.absent is None or any(_has(r, c.key) for r in rows)]
+
+
+# Optional: only runs with a prefix cache have the key; "off" for the others.
+PREFIX_CACHE_COLUMN = Column("prefix cache hit rate", "prefix_cache_hit_rate", "pct", absent="off")
 
 
 # kind: "text", "int", "f0", "f1", "f2", "g" (4 significant digits), "pct" (a fraction shown as %).
@@ -107,6 +129,7 @@ UTILIZATION_COLUMNS: tuple[Column, ...] = (
     Column("token efficiency", "token_efficiency", "pct"),
     Column("mean batch", "mean_batch_size", "f1"),
     Column("peak KV", "peak_kv_usage", "pct"),
+    PREFIX_CACHE_COLUMN,
     Column("preemptions", "preemptions", "f0"),
 )
 
@@ -124,6 +147,7 @@ SWEEP_COLUMNS: tuple[Column, ...] = (
     Column("goodput (req/s in SLO)", "request_goodput", "f2"),
     Column("completed", "completed", "int"),
     Column("rejected", "rejected", "int"),
+    PREFIX_CACHE_COLUMN,
 )
 
 
@@ -148,6 +172,8 @@ def _fmt(value: float, kind: str) -> str:
 
 def format_cell(row: dict, col: Column) -> tuple[str, str, str]:
     """``(shown value, "± half-width" or "", sort key)`` of one cell."""
+    if col.absent is not None and not _has(row, col.key):
+        return col.absent, "", ""
     value = row.get(col.key, "")
     if value is None:  # a null metric: no measured request has it
         return "—", "", ""
