@@ -123,3 +123,21 @@ def test_the_worked_example_numbers_are_measured():
                                   "vllm/v1/core/kv_cache_manager.py", "vllm/v1/metrics/stats.py"])
 def test_the_vllm_sources_are_named(path):
     assert f"`{path}`" in doc()
+
+
+def test_a_summary_over_seeds_shows_each_metric_with_its_interval():
+    from rich.console import Console
+
+    from batchsim.app.summary_table import summary_table
+
+    base = {"policy": "p", "completed": 99.5, "rejected": 0.0, "unfinished": 0.0, "request_throughput": 3.2,
+            "output_throughput": 1000.0, "request_goodput": None, "median_ttft_ms": 66.6, "p99_ttft_ms": 495.9,
+            "median_tpot_ms": 1.0, "p99_tpot_ms": 2.0, "median_itl_ms": 1.0, "p99_itl_ms": 1.0, "max_itl_ms": 3.0,
+            "median_e2el_ms": 1.0, "p99_e2el_ms": 1.0, "busy_fraction": 0.99, "mfu": 0.2, "mbu": 0.5,
+            "token_efficiency": 1.0, "mean_batch_size": 4.0, "peak_kv_usage": 0.3, "preemptions": 0, "engine": "core"}
+    seeded = {**base, "p99_ttft_ms_ci95": 40.3, "request_throughput_ci95": 0.1, "busy_fraction_ci95": 0.01}
+    console = Console(width=200, record=True)
+    console.print(summary_table([base, seeded]))
+    text = console.export_text()
+    assert "66.6 / 495.9 ± 40.3" in text and "3.20 ± 0.10" in text and "99.0% ± 1.0%" in text
+    assert "99.5 / 0 / 0" in text

@@ -1,7 +1,9 @@
 """Render summary dicts as a rich table: one column per run, one row per metric.
 
 A null latency (no measured request has it) shows as "—"; each run's
-``warnings`` are printed once under the table, prefixed by its policy.
+``warnings`` are printed once under the table, prefixed by its policy. A
+summary averaged over seeds shows each metric as ``mean ± half-width`` of its
+95% interval (counts as means).
 
 The prefix-cache hit rate (:data:`PREFIX_ROW`) is a row only when a shown run
 had a prefix cache (its summary has ``prefix_cache_hit_rate``); there, a run
@@ -12,6 +14,8 @@ Runs without prefix caching, the default, keep the table they always had.
 from __future__ import annotations
 
 from rich.table import Table
+
+from batchsim.reports.stats import CI_SUFFIX
 
 __all__ = ["summary_table", "warning_lines", "table_rows", "TABLE_ROWS", "PREFIX_ROW", "NULL", "OFF"]
 
@@ -42,24 +46,38 @@ NULL = "—"
 OFF = "off"  # no prefix cache in this run
 
 
-def _ms(v) -> str:
-    return NULL if v is None else f"{v:.1f}"
+def _value(s: dict, key: str, fmt: str = "{:.1f}") -> str:
+    """``s[key]`` formatted, with `` ± <half-width>`` when the summary is a mean over
+    seeds (``<key>_ci95``, batchsim.reports.stats.aggregate); "—" when null."""
+    v = s.get(key)
+    if v is None:
+        return NULL
+    text = fmt.format(v)
+    half = s.get(key + CI_SUFFIX)
+    if half is not None and half == half:  # (NaN: one seed)
+        text += " ± " + fmt.format(half).rstrip("%") + ("%" if fmt.endswith("%}") else "")
+    return text
+
+
+def _count(s: dict, key: str) -> str:
+    v = s[key]
+    return f"{v:.1f}" if isinstance(v, float) and not v.is_integer() else f"{int(v)}"
 
 
 def _cell(s: dict, label: str, key: str, fmt: str) -> str:
     if label.startswith("completed"):
-        return f"{s['completed']} / {s['rejected']} / {s['unfinished']}"
+        return " / ".join(_count(s, k) for k in ("completed", "rejected", "unfinished"))
     if label.startswith("MFU"):
-        return f"{s['mfu']:.1%} / {s['mbu']:.1%}"
+        return f"{_value(s, 'mfu', '{:.1%}')} / {_value(s, 'mbu', '{:.1%}')}"
     if key == "itl":
-        return f"{_ms(s['median_itl_ms'])} / {_ms(s['p99_itl_ms'])} / {_ms(s['max_itl_ms'])}"
+        return f"{_value(s, 'median_itl_ms')} / {_value(s, 'p99_itl_ms')} / {_value(s, 'max_itl_ms')}"
     if key == "engine":
         return str(s.get("engine", "?"))
     if key == PREFIX_ROW[1] and key not in s:
         return OFF
     if key in ("ttft", "tpot", "e2el"):
-        return f"{_ms(s[f'median_{key}_ms'])} / {_ms(s[f'p99_{key}_ms'])}"
-    return NULL if s[key] is None else fmt.format(s[key])
+        return f"{_value(s, f'median_{key}_ms')} / {_value(s, f'p99_{key}_ms')}"
+    return _value(s, key, fmt)
 
 
 def table_rows(summaries: list[dict]) -> tuple[tuple[str, str, str], ...]:
