@@ -145,10 +145,12 @@ def pareto_figure(frame: pd.DataFrame, metric: str) -> Figure:
 
 
 def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric: str,
-              target_rate: float | None, rejections: bool = False, problems: Sequence[str] = ()) -> str:
+              target_rate: float | None, rejections: bool = False, problems: Sequence[str] = (),
+              intervals: bool | None = None) -> str:
     """The whole plan.html document (``problems``: the configurations with no capacity
     because a point was not evaluable or they reject requests, shown first)."""
     rows = _display_rows(frame)
+    intervals = has_intervals(frame) if intervals is None else intervals
     ok = int(frame["usd_per_1m_output_tokens"].notna().sum()) if len(frame) else 0
     sections = []
     if problems:
@@ -160,10 +162,10 @@ def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric
                    "and faster).")
         sections.append(("Pareto front: cost vs latency", figure_html(png, "Pareto front of cost vs latency",
                                                                         caption)))
-    cols = plan_columns(slos, metric, target_rate, rejections, has_intervals(frame))
+    cols = plan_columns(slos, metric, target_rate, rejections, intervals)
     sections.append(("Configurations (sorted by cost; click a header to sort)",
                      table_html(rows, cols, "plan-table")))
-    sections.append(("How to read this", notes_html(_notes(target_rate, has_intervals(frame)))))
+    sections.append(("How to read this", notes_html(_notes(target_rate, intervals))))
     return page(info, sections, footer="batchsim plan: capacity by bracketing and bisection over simulated loads")
 
 
@@ -176,8 +178,8 @@ def _notes(target_rate: float | None, intervals: bool = False) -> list[str]:
         "passes when every SLO holds at the upper end of its metric's interval, so the capacity shown, "
         "sized and priced is the low end of the capacity's 95% interval; the interval's high end is the "
         "highest rate at which no SLO is shown to fail (the lower ends), and the estimate (in brackets) "
-        "judges the means. A rate adds seeds until its binding metric's interval is narrow enough "
-        "(--ci-width, up to --max-seeds); a WIDE line names any capacity where it stayed wider."]
+        "judges the means. A rate adds seeds until every SLO metric's interval is narrow enough "
+        "(--ci-width, up to --max-seeds); a WIDE line names any capacity where one stayed wider."]
         if intervals else
         ["One seed per point: the capacity has no interval (plan with --seeds 3 or more for one)."])
     return [*seeds,
@@ -208,13 +210,15 @@ def write_plan_report(out_dir: str | Path, frame: pd.DataFrame, info: ReportInfo
 
 
 def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_rate: float | None,
-                  title: str | None = None, rejections: bool = False) -> "PlanTable":
+                  title: str | None = None, rejections: bool = False,
+                  intervals: bool | None = None) -> "PlanTable":
     """The plan as a rich renderable for the terminal (same columns and formats as the HTML).
 
     It sizes its columns when rendered, for the console's width: a number is
     never wrapped or cut (``38603.9`` stays whole at 100 columns).
     """
-    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, has_intervals(frame))
+    intervals = has_intervals(frame) if intervals is None else intervals
+    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, intervals)
             if c.key != "limit_rps"]
     cells = [[format_cell(r, c)[0] for c in cols] for r in _display_rows(frame)]
     return PlanTable(cols, cells, title)

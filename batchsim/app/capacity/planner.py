@@ -172,8 +172,9 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
             row[k] = m.get(k)
             row[k + CI_SUFFIX] = m.get(k + CI_SUFFIX) if o.metrics else None
         row.update(seeds=m.get("seeds"), binding_metric=m.get("binding_metric"),
-                   binding_ci_rel=m.get("binding_ci_rel"),
-                   interval_ok=(None if m.get("binding_ci_rel") is None else m["binding_ci_rel"] <= spec.ci_width),
+                   binding_ci_rel=m.get("binding_ci_rel"), widest_metric=m.get("widest_metric"),
+                   widest_ci_rel=m.get("widest_ci_rel"),
+                   interval_ok=(None if m.get("widest_ci_rel") is None else m["widest_ci_rel"] <= spec.ci_width),
                    interval_note=o.interval_note)
         row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
@@ -202,8 +203,9 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
     """One line per configuration that has no capacity because a point could not be judged
     (``NOT EVALUABLE ...``) or because it rejects requests at any load (``REJECTS ...``),
     one per configuration whose capacity counts rejected requests (``--allow-rejections``),
-    one per capacity whose binding interval stayed wider than ``width`` (``WIDE ...``) and
-    one per capacity interval with a missing end (``note: ...``)."""
+    one per capacity whose SLO metrics' intervals stayed wider than ``width`` (``WIDE ...``),
+    one per configuration that fails only at the intervals' upper ends (``UNDECIDED ...``)
+    and one per capacity interval with a missing end (``note: ...``)."""
     lines = []
     for r in frame.to_dict(orient="records"):
         if r["status"] == NOT_EVALUABLE:
@@ -217,12 +219,15 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
             lines.append(f"warning: {r['config']}: its capacity rejects {count} "
                          "(allowed by --allow-rejections); they count as failing, not as served")
         if r["status"] == "ok" and r.get("interval_ok") is False:
-            lines.append(f"WIDE {r['config']}: at its capacity {r['binding_metric']} is known to "
-                         f"±{r['binding_ci_rel']:.0%} after {int(r['seeds'])} seeds (asked ±{width:.0%}); "
+            lines.append(f"WIDE {r['config']}: at its capacity {r['widest_metric']} is known to "
+                         f"±{r['widest_ci_rel']:.0%} after {int(r['seeds'])} seeds (asked ±{width:.0%}); "
                          "raise --max-seeds or workload.num_requests")
-        if r["status"] == "ok" and r.get("interval_note"):
-            lines.append(f"note: {r['config']}: the capacity interval has no high end or estimate: "
-                         f"{r['interval_note']}")
+        if r["status"] == "SLO not met" and r.get("capacity_estimate_rps"):
+            lines.append(f"UNDECIDED {r['config']}: no rate meets the SLO at its intervals' upper ends, but "
+                         f"the means meet it up to {r['capacity_estimate_rps']:.4g} req/s; more seeds "
+                         "(--max-seeds) or requests per point would decide")
+        elif r["status"] == "ok" and r.get("interval_note"):
+            lines.append(f"note: {r['config']}: the capacity interval is open: {r['interval_note']}")
     return lines
 
 
@@ -264,7 +269,7 @@ def _info(scenario: Scenario, spec: PlanSpec, configs: Sequence[PlanConfig], pri
                            f"{', '.join(dict.fromkeys(c.policy for c in configs))}"),
         ("workload", describe_workload(scenario)),
         ("search", f"bracket by doubling, bisect to {spec.tol:.0%}; {simulated + reused} points "
-                   f"(simulations: a seed at a rate; {reused} reused from earlier runs); a point needs {spec.min_requests} completed "
+                   f"(simulations: a seed at a rate); a point needs {spec.min_requests} completed "
                    "measured requests (in every seed) to be evaluable"),
         ("seeds", _seed_text(scenario, spec)),
         ("rejections", "allowed (--allow-rejections): rejected requests count as failing" if spec.allow_rejections
@@ -326,7 +331,7 @@ def write_plan(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
            "ci_width": spec.ci_width, "decided_at": "upper end of each SLO metric's 95% interval" if
            spec.seed_cap > 1 else "the point's values (one seed)", "configurations": records}
     html = plan_page(result.frame, result.info, list(spec.slos), spec.pareto_metric, spec.target_rate,
-                            spec.allow_rejections, problem_lines(result.frame, spec.ci_width))
+                     spec.allow_rejections, problem_lines(result.frame, spec.ci_width), spec.seed_cap > 1)
     write_set(out, {"plan.csv": lambda p: write_csv(p, result.frame),
                     "plan.json": lambda p: write_json(p, doc),
                     "plan.html": lambda p: p.write_text(html, encoding="utf-8")},

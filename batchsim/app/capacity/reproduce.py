@@ -9,8 +9,11 @@ trusted: the command's arguments are loaded the way ``batchsim run`` loads
 them, and the command is returned only when the result is the same scenario.
 
 NOTE: ``batchsim run`` applies ``--set`` before ``--policy`` swaps the policy
-in, so a knob of a swapped policy is written as ``policy_knobs.<name>.<knob>``
-(which the swap reads), never as ``policy.<knob>`` (which the swap replaces).
+in, and the swap replaces ``policy``. So ``--policy P`` is used only when the
+swapped policy is exactly what the swap gives (the scenario's
+``policy_knobs.P``); when the plan changed one of its knobs, the command spells
+the policy out instead (``--set policy.name=P --set policy.<knob>=v``, or the
+whole ``policy`` mapping), with no ``--policy``.
 """
 
 from __future__ import annotations
@@ -51,19 +54,11 @@ def _diff(src: Any, dst: Any, key: str, out: list[tuple[str, Any]]) -> None:
 _MISSING = object()
 
 
-def scenario_sets(base: dict, target: dict, policy: str | None) -> list[str]:
-    """``dotted.key=value`` settings that turn ``base`` (then swapped to ``policy``) into ``target``."""
+def scenario_sets(base: dict, target: dict) -> list[str]:
+    """``dotted.key=value`` settings that turn ``base`` into ``target``."""
     pairs: list[tuple[str, Any]] = []
     _diff(base, target, "", pairs)
-    sets = []
-    for key, value in pairs:
-        if policy is not None and (key == "policy" or key.startswith("policy.")):
-            # a knob of the swapped-in policy goes where the swap reads it
-            if key == "policy":
-                continue  # the whole policy differs only by fields the swap sets (checked by the caller)
-            key = f"policy_knobs.{policy}.{key.removeprefix('policy.')}"
-        sets.append(f"{key}={_text(value)}")
-    return sets
+    return [f"{key}={_text(value)}" for key, value in pairs]
 
 
 def _loaded(path: str, policy: str | None, sets: Sequence[str]) -> dict:
@@ -83,10 +78,11 @@ def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str
     name = str(target.get("policy", {}).get("name"))
     swap = name if name != str(base.get("policy", {}).get("name")) else None
     tries = []
-    swapped = _loaded(path, swap, user) if swap else base
-    tries.append((swap, user + scenario_sets(swapped, target, swap)))
-    # the fallback: the whole policy spelled out, no swap
-    tries.append((None, user + scenario_sets(base, target, None)))
+    if swap:
+        sets = scenario_sets(_loaded(path, swap, user), target)
+        if not any(s.split("=", 1)[0].split(".")[0] == "policy" for s in sets):
+            tries.append((swap, user + sets))  # the swap gives the policy as it ran
+    tries.append((None, user + scenario_sets(base, target)))  # the policy spelled out
     for policy, sets in tries:
         try:
             if _loaded(path, policy, sets) != target:

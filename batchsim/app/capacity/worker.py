@@ -18,9 +18,10 @@ Seeds: a rate is judged on seeds ``seed + 0 .. k - 1`` pooled
 (:func:`pool`: each metric's mean and 95% interval), the same seeds for every
 configuration and rate (common random numbers: the configurations are compared
 on the same requests). ``k`` starts at ``ConfigTask.seeds`` and grows one seed
-at a time until the *binding* SLO metric's interval (the one nearest its limit)
-is within ``ci_width`` of its mean, or ``max_seeds`` is reached (then the row
-says the interval is wider than asked). Three searches share the points: the
+at a time until every SLO metric's 95% interval is within ``ci_width`` of its
+mean, or ``max_seeds`` is reached (then the row says the interval is wider
+than asked). The rule reads the SLO metrics' names, not their limits, so the
+capacity stays monotone in the limits. Three searches share the points: the
 decision (every SLO met at its interval's upper end), the estimate (at the
 mean) and the optimistic end (at the lower end); their capacities are the low
 end, the estimate and the high end of the capacity's interval.
@@ -206,37 +207,58 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     return metrics
 
 
+def _rel(metrics: dict, name: str) -> float | None:
+    """``name``'s 95% half-width relative to its mean; None without an interval (one seed) or a value."""
+    from batchsim.reports.stats import CI_SUFFIX
+
+    value, half = metrics.get(name), metrics.get(name + CI_SUFFIX)
+    if value is None or half is None or not np.isfinite(float(half)) or not float(value) > 0:
+        return None
+    return float(half) / float(value)
+
+
 def binding_metric(metrics: dict, slos: dict) -> str | None:
-    """The SLO metric nearest its limit (highest mean / limit); None when every one is null."""
-    ratios = {k: float(metrics[k]) / limit for k, limit in slos.items()
-              if metrics.get(k) is not None and np.isfinite(float(metrics[k]))}
+    """The SLO metric nearest its limit, judged where the plan decides (the upper end of its
+    95% interval, or its value with one seed, / its limit); None when every one is null."""
+    from batchsim.app.capacity.search import slo_value
+
+    ratios = {k: v / limit for k, limit in slos.items() if (v := slo_value(metrics, k, "upper")[0]) is not None}
     return max(ratios, key=lambda k: (ratios[k], k)) if ratios else None
 
 
 def pool(per_seed: list[dict], seed_values: list[int], slos: dict) -> dict:
     """One rate's metrics over its seeds: each numeric metric's mean and ``<key>_ci95``
     (batchsim.reports.stats.aggregate), the seed runs themselves (``per_seed``, judged one
-    by one for rejections and thin windows), and the binding metric with its relative
-    half-width (``binding_ci_rel``; None with one seed)."""
-    from batchsim.reports.stats import CI_SUFFIX, aggregate
-
+    by one for rejections and thin windows), the binding metric (nearest its limit) with
+    its relative half-width, and the widest SLO metric with its relative half-width
+    (``widest_ci_rel``: the seeds' sizing rule; None with one seed)."""
     plain = [{k: v for k, v in m.items() if k not in ("facts", "all_rejected_by_reason")} for m in per_seed]
-    out = aggregate(plain) if len(plain) > 1 else dict(plain[0])
+    out = aggregate_seeds(plain)
     out.update(seeds=len(per_seed), seed_values=list(seed_values), per_seed=per_seed,
                facts=per_seed[0].get("facts"))
     name = binding_metric(out, slos)
-    half = out.get(f"{name}{CI_SUFFIX}") if name else None
-    mean = float(out[name]) if name else 0.0
     out["binding_metric"] = name
-    out["binding_ci_rel"] = (float(half) / mean if half is not None and np.isfinite(half) and mean > 0
-                             else None)
+    out["binding_ci_rel"] = _rel(out, name) if name else None
+    rels = {k: _rel(out, k) for k in slos}
+    if len(per_seed) > 1 and rels and all(r is not None for r in rels.values()):
+        out["widest_metric"] = max(rels, key=lambda k: (rels[k], k))
+        out["widest_ci_rel"] = rels[out["widest_metric"]]
+    else:
+        out["widest_metric"], out["widest_ci_rel"] = None, None
     return out
+
+
+def aggregate_seeds(plain: list[dict]) -> dict:
+    """:func:`batchsim.reports.stats.aggregate` over two or more seeds; one seed as it is."""
+    from batchsim.reports.stats import aggregate
+
+    return aggregate(plain) if len(plain) > 1 else dict(plain[0])
 
 
 def search_config(task: ConfigTask) -> ConfigOutcome:
     """The plan worker: search one configuration's capacity (and its interval), storing each point."""
     from batchsim.app.compare import with_seed
-    from batchsim.app.capacity.search import BOUNDS, PASS, judge
+    from batchsim.app.capacity.search import BOUNDS, FAIL, PASS, judge
     from batchsim.app.runner import build_parts
 
     cfg = task.config
@@ -263,7 +285,7 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
         if cached is not None:
             out.reused += 1
             return cached
-        record = {"key": key, "config": cfg.label, "rate": rate, "seed": data["seed"], "scenario": data,
+        record = {"key": key, "config": cfg.label, "rate": rate, "seed": seeded[i].seed, "scenario": data,
                   "metrics": _simulate_point(data, task.base_dir)}
         if store:
             write_json(store / f"{key}.json", record)
@@ -273,7 +295,9 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
     pooled: dict[float, dict] = {}
 
     def evaluate(rate: float) -> dict:
-        """The rate's pooled metrics; seeds are added until the binding interval is narrow enough."""
+        """The rate's pooled metrics; seeds are added until every SLO metric's interval is narrow
+        enough. NOTE: the rule reads the SLO metrics' names, never their limits, so a point's
+        metrics do not depend on the limits and the search stays monotone in them."""
         if rate not in pooled:
             runs: list[dict] = []
             while True:
@@ -284,9 +308,13 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                     break
                 if len(runs) < task.seeds:
                     continue
-                rel = pool(runs, [scenario.seed + i for i in range(len(runs))], slos)["binding_ci_rel"]
-                if len(runs) >= task.max_seeds or rel is None or rel <= task.ci_width:
+                if len(runs) >= task.max_seeds:
                     break
+                if len(runs) < 2:
+                    continue  # (one seed has no interval: too wide)
+                p = pool(runs, [scenario.seed + i for i in range(len(runs))], slos)
+                if p["widest_ci_rel"] is None or p["widest_ci_rel"] <= task.ci_width:
+                    break  # (None: a null metric or a zero mean; judge says what that means)
             pooled[rate] = pool(runs, [scenario.seed + i for i in range(len(runs))], slos)
         return pooled[rate]
 
@@ -305,14 +333,18 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
         out.status = "SLO not met"
     if found.capacity > 0:
         out.point_scenario = point_scenario(scenario, found.capacity, est)
-        if task.max_seeds > 1:  # NOTE: with one seed there is no interval: the three bounds coincide
-            ends = {}
-            for bound in BOUNDS[1:]:
-                other = run_search(bound)
-                ends[bound] = other.capacity if other.status == PASS and other.capacity > 0 else None
-                if ends[bound] is None:
-                    out.interval_note = (f"judged at the {bound} end the search stopped: {other.limit_reason}")
-            out.estimate, out.upper = ends["mean"], ends["lower"]
+    # NOTE: with one seed there is no interval: the three bounds coincide. A decision that
+    # failed at every rate still gets an estimate: "fails at the upper end" may be few seeds.
+    if task.max_seeds > 1 and found.status in (PASS, FAIL):
+        ends, notes = {}, []
+        for bound in BOUNDS[1:]:
+            other = run_search(bound)
+            ends[bound] = other.capacity if other.status == PASS and other.capacity > 0 else None
+            if ends[bound] is None:
+                where = {"mean": "the means", "lower": "the intervals' lower ends"}[bound]
+                notes.append(f"judged at {where}, no capacity: {other.limit_reason}")
+        out.estimate, out.upper = ends["mean"], ends["lower"]
+        out.interval_note = "; ".join(notes)
     out.rates = len(pooled)
     if out.metrics is not None:  # the row's metrics: means and half-widths, not every seed's
         out.metrics = {k: v for k, v in out.metrics.items() if k != "per_seed"}

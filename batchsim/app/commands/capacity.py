@@ -82,7 +82,7 @@ def plan_command(
     console = Console(width=None if Console().is_terminal else 240, highlight=False)
     title = f"{sc.name}: {result.info.model}, capacity per replica under {', '.join(spec.slos)}"
     console.print(console_table(result.frame, list(spec.slos), spec.pareto_metric, spec.target_rate, title,
-                                spec.allow_rejections))
+                                spec.allow_rejections, spec.seed_cap > 1))
     for line in problem_lines(result.frame, spec.ci_width):
         console.print(line, soft_wrap=True, markup=False)
     for line in decision_lines(result):
