@@ -251,3 +251,38 @@ def test_plan_chat_interval_holds_five_reruns_with_other_base_seeds(tmp_path):
     assert lo < base["capacity_estimate_rps"] <= hi
     inside = [lo <= r["capacity_estimate_rps"] <= hi for r in reruns]
     assert all(inside), [(r["capacity_estimate_rps"], lo, hi) for r in reruns]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ctrl_c_on_a_pool_plan_exits_at_once_saying_what_it_kept(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "batchsim", "plan", str(ROOT / "examples" / "plan-chat.yaml"), "--slo",
+           "p99_ttft_ms=1500", "--slo", "p99_tpot_ms=60", "--hardware", "a100-80gb,h100-sxm", "--tp", "1,2",
+           "--executor", "local", "--workers", "2", "--out", str(out)]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        while len(list((out / "points").glob("*.json"))) < 5 if (out / "points").is_dir() else True:
+            assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()
+            time.sleep(0.05)
+        t1 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+        stdout, err = p.communicate(timeout=60)
+        took = time.monotonic() - t1
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    kept = re.fullmatch(rf"interrupted: (\d+) finished points kept in {re.escape(str(out / 'points'))}; "
+                        r"rerun the same command to resume", err.strip())
+    assert kept and int(kept[1]) >= 5, err
+    assert "Traceback" not in err + stdout and not (out / "plan.csv").exists()
+    assert took < 3.0, f"exit took {took:.1f} s after Ctrl-C"

@@ -80,7 +80,8 @@ def test_sweep_aggregates_seeds_with_ci(tmp_path):
     assert f["median_ttft_ms"].tolist()[:3] == [51.0, 201.0, 401.0]
     assert f["median_ttft_ms_ci95"][0] == pytest.approx(4.302653 / math.sqrt(3))  # x, x+1, x+2
     assert res.saturation == {"continuous": 20.0, "static": 20.0}
-    assert len(pd.read_csv(tmp_path / "sweep_runs.csv")) == 2 * 3 * 3  # every point, as it finished
+    assert len(res.runs) == 2 * 3 * 3 and res.simulated == 2 * 3 * 3 and res.reused == 0  # every point
+    assert len(list((tmp_path / "points").glob("*.json"))) == 2 * 3 * 3  # each stored as it finished
     assert [k.split("(")[0] for k in res.policy_knobs] == ["continuous", "static"]
 
 

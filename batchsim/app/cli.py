@@ -186,6 +186,13 @@ def main() -> None:
     except (KeyboardInterrupt, typer.Abort):
         err_console.print(_INTERRUPTED, highlight=False)
         sys.exit(130)
+    except BaseException as e:  # a job's own Ctrl-C line (batchsim.app.workers.Interrupted): what it kept
+        from batchsim.app.workers import Interrupted
+
+        if not isinstance(e, Interrupted) or _state["debug"]:
+            raise
+        err_console.print(e.message, highlight=False, markup=False, soft_wrap=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,28 +10,44 @@ rebuilds its parts in the worker. The workload is a pure function of the
 scenario's workload section and seed, so every policy sees identical
 requests wherever it runs. The report itself is made by ``batchsim/reports/`` from
 the records this module collects.
+
+Resumable: with an output folder, every finished task is stored as it finishes
+under ``OUT/points/<key>.json`` (its summary and run facts; seed 0 also keeps the
+record columns the report reads, :data:`REPORT_RECORDS`, in ``<key>.npz``); a
+rerun into the same folder reads them back and simulates only the missing tasks.
+A fresh result is handed on exactly as it reads back from its point (the JSON
+round trip, the stored columns), so a resumed run's outputs are byte-identical
+to an uninterrupted one's. The key (:func:`point_key`) hashes the task's whole
+scenario, so a changed scenario simply gets new points.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import time
 from collections import OrderedDict
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from batchsim.reports.progress import progress
 from batchsim.reports.runs import PolicyRun, ReportInfo
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
-from batchsim.app.workers import run_tasks
+from batchsim.sim.io import atomic_write_bytes, atomic_write_text
+from batchsim.app.workers import interrupted, run_tasks
 
 __all__ = ["DEFAULT_POLICIES", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
            "parse_policies", "with_policy", "with_seed", "scenario_data", "run_task",
            "simulate_task", "report_info", "write_comparison", "call_text", "policy_config",
-           "describe_workload", "knob_text"]
+           "describe_workload", "knob_text", "POINT_FORMAT", "REPORT_RECORDS", "point_key", "points_folder",
+           "read_point", "write_point", "plain", "clean_point_temps"]
 
 DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 # Knobs that are not a policy's rules: the replica's KV cache (and prefix caching, for the policies
@@ -146,6 +162,159 @@ def run_task(task: RunTask) -> RunOutput:
     return out
 
 
+# -- finished tasks stored as points (resume) ----------------------------------------------------
+POINT_FORMAT = 1  # bump when a stored compare/sweep point's meaning changes (invalidates stored points)
+
+# The record columns compare's report reads (batchsim.reports.derive via plots: latency samples,
+# timelines, token split). A compare with an output folder stores only these and hands the
+# report only these, fresh or read back, so a report that starts reading another column fails
+# loudly (KeyError) in every compare test instead of differing after a resume.
+REPORT_RECORDS: dict[str, tuple[str, ...]] = {
+    "requests": ("rid", "status", "arrival", "admitted", "ttft", "tpot", "e2el"),
+    "steps": ("replica", "start", "end", "num_seqs", "kv_used_blocks", "prefill_tokens", "decode_tokens",
+              "padding_tokens", "useful_flops", "bytes", "compute_s", "memory_s"),
+    "itl": ("rid", "gap"),
+}
+_TEMP_AGE_S = 3600.0  # a point's temporary file older than this is a killed writer's
+
+
+def point_key(kind: str, scenario: dict, base_dir: str | None, **extra: Any) -> str:
+    """The hash that names a stored point (the rule of batchsim.app.capacity.worker.point_key):
+    what made it (``kind``: compare, sweep), the task's whole scenario, the format, batchsim's
+    version, ``extra`` (the task's label, ...) and, for a trace, the folder its path resolves
+    against."""
+    from batchsim import __version__
+
+    trace = bool(scenario.get("workload", {}).get("trace"))
+    blob = json.dumps({"format": POINT_FORMAT, "kind": kind, "batchsim": __version__, "scenario": scenario,
+                       "base_dir": base_dir if trace else None, **extra}, sort_keys=True, allow_nan=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
+
+
+def points_folder(out_dir: str | Path | None) -> Path | None:
+    """Where a run into ``out_dir`` stores its points: ``out_dir/points``."""
+    return None if out_dir is None else Path(out_dir) / "points"
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def _dumps(obj: Any) -> str:
+    # NOTE: allow_nan: a point's metrics may be NaN (Python's json reads NaN back exactly)
+    return json.dumps(obj, indent=1, allow_nan=True, default=_json_default) + "\n"
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as it reads back from a stored point (the JSON round trip: numpy scalars become
+    Python numbers, tuples lists). Fresh results pass through this too, so a resumed run
+    and an uninterrupted one hand identical values on."""
+    return json.loads(_dumps(obj))
+
+
+def _encode(frames: dict[str, pd.DataFrame]) -> tuple[dict[str, np.ndarray], dict[str, dict[str, str]]]:
+    """The :data:`REPORT_RECORDS` columns of each frame as plain numpy arrays (``name/column``;
+    text as fixed-width unicode plus a ``.na`` mask where values are missing) and their dtypes."""
+    arrays, dtypes = {}, {}
+    for name, frame in frames.items():
+        dtypes[name] = {}
+        for col in REPORT_RECORDS[name]:
+            series = frame[col]
+            dtypes[name][col] = str(series.dtype)
+            if series.dtype.kind in "biuf":
+                arrays[f"{name}/{col}"] = series.to_numpy(copy=True)
+                continue
+            na = series.isna().to_numpy(dtype=bool)
+            arrays[f"{name}/{col}"] = np.array(["" if m else str(v) for v, m in zip(series.to_numpy(dtype=object), na)],
+                                               dtype=str)
+            if na.any():
+                arrays[f"{name}/{col}.na"] = na
+    return arrays, dtypes
+
+
+def _decode(arrays: dict[str, np.ndarray], dtypes: dict[str, dict[str, str]]) -> dict[str, pd.DataFrame]:
+    frames = {}
+    for name, cols in dtypes.items():
+        data = {}
+        for col, dtype in cols.items():
+            a = arrays[f"{name}/{col}"]
+            if a.dtype.kind in "biuf":
+                data[col] = pd.Series(a, dtype=dtype)
+                continue
+            values = a.astype(object)
+            na = arrays.get(f"{name}/{col}.na")
+            if na is not None:
+                values[na] = None
+            data[col] = pd.Series(values, dtype=dtype)
+        frames[name] = pd.DataFrame(data, index=pd.RangeIndex(len(next(iter(data.values()), ()))))
+    return frames
+
+
+def write_point(folder: Path, key: str, record: dict, frames: dict[str, pd.DataFrame] | None = None) -> tuple[dict, dict]:
+    """Store a finished task as ``folder/<key>.json`` (and its record columns as
+    ``<key>.npz``, written first: the JSON is the point's last file, so a point
+    without it is missing). Returns ``(record, frames)`` as they read back."""
+    arrays, dtypes = _encode(frames) if frames else ({}, None)
+    record = plain({"format": POINT_FORMAT, "key": key, **record, "records": dtypes})
+    if arrays:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, allow_pickle=False, **arrays)
+        atomic_write_bytes(folder / f"{key}.npz", buf.getvalue())
+    atomic_write_text(folder / f"{key}.json", _dumps(record))
+    return record, (_decode(arrays, dtypes) if dtypes else {})
+
+
+def read_point(folder: Path, key: str, kind: str, records: bool = False) -> tuple[dict, dict] | None:
+    """A stored point, ``(record, frames)``, or None when it is missing, damaged, from
+    another format, or lacks the records asked for (then it is simulated again)."""
+    try:
+        record = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
+        if record.get("format") != POINT_FORMAT or record.get("key") != key or record.get("kind") != kind:
+            return None
+        dtypes = record.get("records")
+        if not records or not dtypes:
+            return (record, {}) if not records else None
+        with np.load(folder / f"{key}.npz") as z:  # (numpy's default: no pickled objects are loaded)
+            arrays = {k: z[k] for k in z.files}
+        return record, _decode(arrays, dtypes)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # missing, or damaged by something other than our atomic writes: simulate again
+
+
+def clean_point_temps(folder: Path | None, age_s: float = _TEMP_AGE_S) -> None:
+    """Remove the temporary files a killed writer left in ``folder`` (``.<key>.json.*.tmp``,
+    ``.<key>.npz.*.tmp``, as batchsim.sim.io's atomic writes name them) older than ``age_s``;
+    a younger one may be another run's write in progress."""
+    if folder is None or not folder.is_dir():
+        return
+    now = time.time()
+    for p in folder.glob(".*.tmp"):
+        try:
+            if p.is_file() and now - p.stat().st_mtime > age_s:
+                p.unlink()
+        except OSError:
+            pass
+
+
+def _stored_output(folder: Path, key: str, task: RunTask, out: RunOutput) -> RunOutput:
+    """Store a fresh compare result; return it as it reads back."""
+    frames = ({"requests": out.requests, "steps": out.steps, "itl": out.itl}
+              if task.keep_records and out.requests is not None else None)
+    record, frames = write_point(folder, key, {"kind": "compare", "label": out.label, "seed_index": out.seed_index,
+                                               "scenario": task.scenario, "summary": out.summary,
+                                               "meta": out.meta}, frames)
+    return _output_from(record, frames)
+
+
+def _output_from(record: dict, frames: dict) -> RunOutput:
+    return RunOutput(record["label"], record["seed_index"], record["summary"], record["meta"],
+                     frames.get("requests"), frames.get("steps"), frames.get("itl"))
+
+
 @dataclass
 class Comparison:
     """A finished comparison: per-policy runs (records + summaries) and the header."""
@@ -154,6 +323,9 @@ class Comparison:
     runs: list[PolicyRun]
     info: ReportInfo
     policy_knobs: list[str]  # one "name(knob=value, ...)" line per policy
+    simulated: int = 0  # tasks simulated by this call
+    reused: int = 0  # tasks read back from points_dir
+    points_dir: Path | None = None  # where finished tasks are stored (None: nowhere)
 
     @property
     def summaries(self) -> list[dict]:
@@ -173,9 +345,13 @@ def policy_config(scenario: Scenario) -> dict:
 def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seeds: int = 1,
             base_dir: str | Path | None = None, executor: str = "local", workers: int | None = None,
             show_progress: bool | None = None,
-            task_fn: Callable[[RunTask], RunOutput] = run_task) -> Comparison:
+            task_fn: Callable[[RunTask], RunOutput] = run_task,
+            out_dir: str | Path | None = None) -> Comparison:
     """Run every policy (x seeds) on the scenario's workload; collect records and summaries.
 
+    With ``out_dir``, finished tasks are stored in ``out_dir/points`` as they finish and the
+    ones already there are read back instead of simulated (see the module notes). Ctrl-C
+    raises :class:`batchsim.app.workers.Interrupted` saying how many are kept.
     ``task_fn`` is the worker (module level); tests pass a double.
     """
     if seeds < 1:
@@ -186,11 +362,26 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
     base = str(base_dir) if base_dir is not None else None
     tasks = [RunTask(scenario_data(with_seed(v, i)), base, p, i, keep_records=(i == 0))
              for p, v in zip(names, variants) for i in range(seeds)]
+    store = points_folder(out_dir)
+    keys = [point_key("compare", t.scenario, t.base_dir, label=t.label) for t in tasks]
     results: list[RunOutput | None] = [None] * len(tasks)
-    with progress(len(tasks), f"compare {scenario.name}", show_progress) as advance:
-        for idx, out in run_tasks(task_fn, tasks, executor, workers):
-            results[idx] = out
-            advance(f"{out.label} (seed {scenario.seed + out.seed_index})")
+    try:
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)  # (an --out that is a file fails here, before any run)
+            clean_point_temps(store)
+            for i, t in enumerate(tasks):
+                found = read_point(store, keys[i], "compare", records=t.keep_records)
+                results[i] = _output_from(*found) if found is not None else None
+        todo = [i for i, r in enumerate(results) if r is None]
+        if todo:
+            with progress(len(todo), f"compare {scenario.name}", show_progress) as advance, \
+                    closing(run_tasks(task_fn, [tasks[i] for i in todo], executor, workers)) as finished:
+                for j, out in finished:
+                    i = todo[j]
+                    results[i] = _stored_output(store, keys[i], tasks[i], out) if store is not None else out
+                    advance(f"{out.label} (seed {scenario.seed + out.seed_index})")
+    except KeyboardInterrupt:
+        raise interrupted(sum(r is not None for r in results) if store is not None else 0, store) from None
     runs = []
     for k, p in enumerate(names):
         group = results[k * seeds:(k + 1) * seeds]
@@ -199,7 +390,8 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
                               summaries=tuple(r.summary for r in group), meta=first.meta))
     metas = [r.meta for r in runs]
     return Comparison(scenario, runs, report_info(scenario, metas, seeds, "compare"),
-                      [knob_text(k, m) for k, m in zip(knobs, metas)])
+                      [knob_text(k, m) for k, m in zip(knobs, metas)], simulated=len(todo),
+                      reused=len(tasks) - len(todo), points_dir=store)
 
 
 def knob_text(config: dict, meta: dict) -> str:

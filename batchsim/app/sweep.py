@@ -4,13 +4,16 @@ Each swept rate replaces ``workload.arrival.rate`` (a trace that carries its
 own arrival times cannot be swept and is an error). Every (policy, rate,
 seed) point is an independent :class:`SweepTask` run through
 :func:`batchsim.app.workers.run_tasks`; the workload of a (rate, seed) pair is the
-same for every policy. Finished points are written to ``sweep_runs.csv`` as
-they arrive, so a killed sweep keeps them; ``sweep.csv`` (one row per policy
-and rate, mean ± 95% CI over seeds) and the report are written at the end.
+same for every policy. With an output folder, finished points are stored under
+``OUT/points/`` as they arrive (a killed sweep keeps them, and a rerun simulates
+only the missing ones: :mod:`batchsim.app.compare`'s point store); ``sweep.csv``
+(one row per policy and rate, mean ± 95% CI over seeds), ``sweep_runs.csv`` (one
+row per point) and the report are written at the end, as one set.
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,11 +26,12 @@ from batchsim.reports.runs import ReportInfo
 from batchsim.reports.stats import aggregate
 from batchsim.reports.tables import csv_frame
 from batchsim.reports.sweep import mark_saturation, saturation_points
-from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, knob_text, parse_policies, policy_config, report_info,
-                         scenario_data, simulate_task, with_policy, with_seed)
+from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, clean_point_temps, knob_text, parse_policies, plain,
+                         point_key, points_folder, policy_config, read_point, report_info, scenario_data,
+                         simulate_task, with_policy, with_seed, write_point)
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
-from batchsim.app.workers import run_tasks
+from batchsim.app.workers import interrupted, run_tasks
 from batchsim.sim.io import write_csv
 
 __all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "with_rate", "sweep", "sweep_task", "write_sweep",
@@ -104,6 +108,10 @@ class SweepResult:
     saturation: dict[str, float | None]
     info: ReportInfo
     policy_knobs: list[str]  # one "name(knob=value, ...)" line per policy
+    runs: pd.DataFrame | None = None  # one row per (policy, rate, seed) point, in task order
+    simulated: int = 0  # points simulated by this call
+    reused: int = 0  # points read back from points_dir
+    points_dir: Path | None = None  # where finished points are stored (None: nowhere)
 
 
 def _aggregate(rows: list[dict], names: Sequence[str], rates: Sequence[float], seeds: int) -> pd.DataFrame:
@@ -137,20 +145,44 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
             rated = with_rate(variant, r)
             tasks += [SweepTask(RunTask(scenario_data(with_seed(rated, i)), base, p, i, False), r)
                       for i in range(seeds)]
-    rows: list[dict | None] = [None] * len(tasks)
-    metas: dict[str, dict] = {}  # the first finished point's facts, per policy
-    with progress(len(tasks), f"sweep {scenario.name}", show_progress) as advance:
-        for idx, point in run_tasks(task_fn, tasks, executor, workers):
-            rows[idx] = point.row
-            metas.setdefault(point.row["policy"], point.meta)
-            advance(f"{point.row['policy']} @ {point.row['rate']:g} req/s")
-            if out_dir is not None:  # NOTE: rewritten per point so a killed sweep keeps its points
-                write_csv(Path(out_dir) / "sweep_runs.csv", csv_frame(pd.DataFrame([x for x in rows if x is not None])))
+    store = points_folder(out_dir)
+    keys = [point_key("sweep", t.run.scenario, t.run.base_dir, label=t.run.label, rate=t.rate) for t in tasks]
+    points: list[SweepPoint | None] = [None] * len(tasks)
+    try:
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)  # (an --out that is a file fails here, before any run)
+            clean_point_temps(store)
+            for i in range(len(tasks)):
+                found = read_point(store, keys[i], "sweep")
+                points[i] = SweepPoint(found[0]["row"], found[0]["meta"]) if found is not None else None
+        todo = [i for i, p in enumerate(points) if p is None]
+        if todo:
+            with progress(len(todo), f"sweep {scenario.name}", show_progress) as advance, \
+                    closing(run_tasks(task_fn, [tasks[i] for i in todo], executor, workers)) as finished:
+                for j, point in finished:
+                    i = todo[j]
+                    if store is not None:  # stored now (a killed sweep keeps it), handed on as it reads back
+                        record, _ = write_point(store, keys[i], {
+                            "kind": "sweep", "label": tasks[i].run.label, "rate": tasks[i].rate,
+                            "seed_index": tasks[i].run.seed_index, "scenario": tasks[i].run.scenario,
+                            "row": point.row, "meta": point.meta})
+                        point = SweepPoint(record["row"], record["meta"])
+                    else:
+                        point = SweepPoint(plain(point.row), plain(point.meta))
+                    points[i] = point
+                    advance(f"{point.row['policy']} @ {point.row['rate']:g} req/s")
+    except KeyboardInterrupt:
+        raise interrupted(sum(p is not None for p in points) if store is not None else 0, store) from None
+    rows = [p.row for p in points]
+    metas: dict[str, dict] = {}  # each policy's first point's facts (task order: the same on a resume)
+    for p in points:
+        metas.setdefault(p.row["policy"], p.meta)
     frame = _aggregate(rows, names, rates, seeds)
     ordered = [metas.get(p, {}) for p in names]
     info = report_info(scenario, ordered, seeds, "sweep")
     return SweepResult(frame, names, saturation_points(frame), info,
-                       [knob_text(k, m) for k, m in zip(knobs, ordered)])
+                       [knob_text(k, m) for k, m in zip(knobs, ordered)], runs=pd.DataFrame(rows),
+                       simulated=len(todo), reused=len(tasks) - len(todo), points_dir=store)
 
 
 def point_warnings(frame: pd.DataFrame) -> list[str]:
@@ -164,7 +196,13 @@ def point_warnings(frame: pd.DataFrame) -> list[str]:
 
 
 def write_sweep(result: SweepResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write sweep.csv, sweep.png and report.html."""
+    """Write sweep.csv, sweep_runs.csv (when the result has its points), sweep.png and
+    report.html as one set (batchsim.sim.io.write_set; ``points/`` is kept)."""
     from batchsim.reports.report import write_sweep_report
 
-    return write_sweep_report(out_dir, result.frame, result.policies, result.info, result.policy_knobs)
+    extra = {}
+    if result.runs is not None:
+        runs = csv_frame(result.runs)
+        extra["sweep_runs.csv"] = lambda p: write_csv(p, runs)
+    return write_sweep_report(out_dir, result.frame, result.policies, result.info, result.policy_knobs,
+                              extra_files=extra)

@@ -5,19 +5,57 @@ independent tasks ``fn(arg) -> result``. :func:`run_tasks` runs them and
 yields ``(index, result)`` as each finishes, so callers can store finished
 points at once (a killed sweep keeps them). Results are keyed by index, so
 the order they finish in never changes an output.
+
+Ctrl-C: pool workers ignore SIGINT, so only this process sees it; when the
+consumer stops (a KeyboardInterrupt, any exception, or closing the iterator)
+the pending tasks are cancelled and the workers killed at once, without
+waiting for the running simulations. A job that catches the interrupt raises
+:class:`Interrupted` (made by :func:`interrupted`) saying what it kept; the
+CLI prints that line and exits 130.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from batchsim.sim.errors import InputError
 
-__all__ = ["run_tasks", "default_workers", "EXECUTORS"]
+__all__ = ["run_tasks", "default_workers", "EXECUTORS", "Interrupted", "interrupted"]
 
 EXECUTORS = ("local", "serial", "ray")
+
+
+class Interrupted(BaseException):
+    """A Ctrl-C a job caught and handled: ``message`` says what it kept.
+
+    The ``batchsim`` CLI prints the message as one line and exits 130.
+    NOTE: not a KeyboardInterrupt subclass on purpose: typer turns a KeyboardInterrupt
+    into a bare exit code 130, which would lose the message. Like KeyboardInterrupt it
+    is a BaseException, so ``except Exception`` never swallows it.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def interrupted(kept: int, folder: str | Path | None, what: str = "finished point") -> Interrupted:
+    """The exception a job raises on Ctrl-C: ``kept`` results stored in ``folder``.
+
+    ``interrupted(12, "runs/plan-x/points")`` says "interrupted: 12 finished points kept in
+    runs/plan-x/points; rerun the same command to resume". Use it as
+    ``except KeyboardInterrupt: raise interrupted(n, points_dir) from None``.
+    """
+    noun = what if kept == 1 else f"{what}s"
+    if folder is None:
+        return Interrupted(f"interrupted: {kept} {noun} not stored (no output folder)")
+    return Interrupted(f"interrupted: {kept} {noun} kept in {folder}; rerun the same command to resume")
 
 
 def default_workers() -> int:
@@ -30,19 +68,69 @@ def _serial(fn, args) -> Iterator[tuple[int, Any]]:
         yield i, fn(a)
 
 
-def _local(fn, args, workers: int) -> Iterator[tuple[int, Any]]:
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
+def _worker_init() -> None:
+    """Pool worker start-up: ignore Ctrl-C (the parent handles it and stops the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextmanager
+def _sigint_held():
+    """Hold SIGINT back while the pool starts its processes: a worker inherits the blocked
+    signal (and ignores it from its initializer on), so a Ctrl-C during start-up never reaches
+    a worker before it ignores SIGINT; here the held signal is delivered on leaving."""
+    hold = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if hold:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop the pool now: cancel its pending tasks and kill its workers (running tasks are lost).
+
+    NOTE: Python 3.11's ProcessPoolExecutor has no public way to stop running tasks
+    (``terminate_workers`` arrives in 3.14); its private ``_processes`` (pid -> Process)
+    is the only handle, read here alone (before ``shutdown``, which drops it) and
+    skipped if it is gone. The futures are cancelled by ``shutdown(cancel_futures=True)``,
+    not here: the pool's manager thread sets BrokenProcessPool on the pending tasks it
+    still holds once its workers die, and a future cancelled behind its back makes it
+    raise InvalidStateError (a thread traceback on stderr).
+    """
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
         try:
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in sorted(done, key=lambda f: futures[f]):
-                    yield futures[f], f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+            p.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for p in procs:
+        try:
+            p.join(1.0)
+        except (OSError, ValueError, AttributeError, AssertionError):
+            pass
+
+
+def _local(fn, args, workers: int) -> Iterator[tuple[int, Any]]:
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init)
+    futures: dict = {}
+    try:
+        with _sigint_held():
+            for i, a in enumerate(args):
+                futures[pool.submit(fn, a)] = i
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=lambda f: futures[f]):
+                yield futures[f], f.result()
+    except BaseException:  # Ctrl-C, a failed task, or the consumer closing us: stop at once
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _ray(fn, args, address: str | None) -> Iterator[tuple[int, Any]]:
@@ -56,10 +144,16 @@ def _ray(fn, args, address: str | None) -> Iterator[tuple[int, Any]]:
     remote = ray.remote(fn)
     refs = {remote.remote(a): i for i, a in enumerate(args)}
     pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        for r in done:
-            yield refs[r], ray.get(r)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for r in done:
+                yield refs[r], ray.get(r)
+    except BaseException:  # Ctrl-C or a failed task: cancel what has not finished
+        for r in pending:
+            with suppress(Exception):  # best effort: a ref that finished meanwhile
+                ray.cancel(r, force=True)
+        raise
 
 
 def run_tasks(fn: Callable[[Any], Any], args: Sequence[Any], executor: str = "local",
@@ -67,7 +161,9 @@ def run_tasks(fn: Callable[[Any], Any], args: Sequence[Any], executor: str = "lo
     """Run ``fn`` over ``args``; yield ``(index, result)`` as each finishes.
 
     ``fn`` must be a module-level function (picklable). With one task or one
-    worker, ``local`` runs in-process (no pool start-up cost).
+    worker, ``local`` runs in-process (no pool start-up cost). Close the iterator
+    (``contextlib.closing``) when stopping early: a process pool's workers are
+    killed then, not when the iterator is garbage-collected.
     """
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}",

@@ -1,14 +1,16 @@
 """Write a whole report folder: CSVs, PNGs and the self-contained report.html.
 
 The compare report (:func:`write_compare_report`) and the sweep report
-(:func:`write_sweep_report`) both write every file atomically (``batchsim.sim.io``),
-so a killed run leaves whole files or none.
+(:func:`write_sweep_report`) both write their files as one set
+(``batchsim.sim.io.write_set``: a temporary folder, the manifest last, put in
+place together), so a killed run leaves the old set or the new one, never a mix;
+other files in the folder (a run's ``points/``) are kept.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -19,7 +21,7 @@ from batchsim.reports.style import png_bytes
 from batchsim.reports.sweep import saturation_points, saturation_text, sweep_figure
 from batchsim.reports.tables import (LATENCY_COLUMNS, REJECTION_COLUMNS, SWEEP_COLUMNS, UTILIZATION_COLUMNS, Column,
                                      csv_frame, rejection_rows, runs_frame, summary_frame)
-from batchsim.sim.io import atomic_write_bytes, atomic_write_text, write_csv
+from batchsim.sim.io import atomic_write_bytes, atomic_write_text, write_csv, write_set
 
 __all__ = ["write_compare_report", "write_sweep_report", "COMPARE_FIGURES", "DEFINITIONS"]
 
@@ -67,17 +69,37 @@ def _records(frame: pd.DataFrame) -> list[dict]:
             for row in frame.to_dict(orient="records")]
 
 
+def _bytes_writer(data: bytes) -> Callable[[Path], None]:
+    return lambda p: atomic_write_bytes(p, data)
+
+
+def _text_writer(text: str) -> Callable[[Path], None]:
+    return lambda p: atomic_write_text(p, text)
+
+
+def _csv_writer(frame: pd.DataFrame) -> Callable[[Path], None]:
+    return lambda p: write_csv(p, frame)
+
+
+def _write(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], info: ReportInfo,
+           kind: str) -> dict[str, Path]:
+    """Write the files as one set; their final paths by name."""
+    from batchsim import __version__
+
+    write_set(out_dir, writers, {"written_by": f"batchsim {__version__}", "kind": kind, "scenario": info.scenario})
+    return {name: Path(out_dir) / name for name in writers}
+
+
 def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: ReportInfo,
-                         policy_knobs: Sequence[str] = ()) -> dict[str, Path]:
-    """Write summary.csv (runs.csv with seeds > 1), the PNGs and report.html."""
-    out = Path(out_dir)
-    written: dict[str, Path] = {}
+                         policy_knobs: Sequence[str] = (),
+                         extra_files: Mapping[str, Callable[[Path], None]] | None = None) -> dict[str, Path]:
+    """Write summary.csv (runs.csv with seeds > 1), the PNGs and report.html (and
+    ``extra_files``: name -> writer of that path) as one set."""
+    writers: dict[str, Callable[[Path], None]] = {}
     frame = summary_frame(runs)
-    write_csv(out / "summary.csv", frame)
-    written["summary.csv"] = out / "summary.csv"
+    writers["summary.csv"] = _csv_writer(frame)
     if any(r.seeds > 1 for r in runs):
-        write_csv(out / "runs.csv", runs_frame(runs))
-        written["runs.csv"] = out / "runs.csv"
+        writers["runs.csv"] = _csv_writer(runs_frame(runs))
     rows = [r.stats() for r in runs]
     ci = " Second lines: ± 95% CI half-width over seeds." if info.seeds > 1 else ""
     sections = _warning_sections(rows, rejection_rows(runs))
@@ -89,8 +111,7 @@ def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: R
     ]
     for name, build, title, alt, caption in COMPARE_FIGURES:
         png = png_bytes(build(runs))
-        atomic_write_bytes(out / name, png)
-        written[name] = out / name
+        writers[name] = _bytes_writer(png)
         if info.seeds > 1 and name in ("latency_cdf.png", "timelines.png"):
             caption += " Drawn from the first seed's records."
         sections.append((title, H.figure_html(png, alt, caption)))
@@ -99,9 +120,9 @@ def write_compare_report(out_dir: str | Path, runs: Sequence[PolicyRun], info: R
     sections.append(("All metrics (summary.csv)", "<details><summary>show every column</summary>"
                      + H.table_html(_records(frame), _all_columns(frame), "all-metrics") + "</details>"))
     sections.append(("Definitions", H.notes_html(DEFINITIONS)))
-    atomic_write_text(out / "report.html", H.page(info, sections, footer=f"batchsim {info.version}"))
-    written["report.html"] = out / "report.html"
-    return written
+    writers["report.html"] = _text_writer(H.page(info, sections, footer=f"batchsim {info.version}"))
+    writers.update(extra_files or {})
+    return _write(out_dir, writers, info, "compare")
 
 
 def _listed(v) -> list:
@@ -126,12 +147,13 @@ def _warning_sections(stats: Sequence[dict], rejections: Sequence[dict],
 
 
 def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Sequence[str],
-                       info: ReportInfo, policy_knobs: Sequence[str] = ()) -> dict[str, Path]:
-    """Write sweep.csv, sweep.png and report.html for a load sweep."""
-    out = Path(out_dir)
-    write_csv(out / "sweep.csv", csv_frame(frame))
+                       info: ReportInfo, policy_knobs: Sequence[str] = (),
+                       extra_files: Mapping[str, Callable[[Path], None]] | None = None) -> dict[str, Path]:
+    """Write sweep.csv, sweep.png and report.html for a load sweep (and ``extra_files``:
+    name -> writer of that path) as one set."""
+    writers: dict[str, Callable[[Path], None]] = {"sweep.csv": _csv_writer(csv_frame(frame))}
     png = png_bytes(sweep_figure(frame, policies))
-    atomic_write_bytes(out / "sweep.png", png)
+    writers["sweep.png"] = _bytes_writer(png)
     sat = saturation_text(saturation_points(frame))
     rows = _records(frame)
     for r in rows:
@@ -151,6 +173,6 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
          + H.table_html(_records(csv_frame(frame)), _all_columns(frame), "all-columns") + "</details>"),
         ("Definitions", H.notes_html(DEFINITIONS)),
     ]
-    atomic_write_text(out / "report.html", H.page(info, sections, footer=f"batchsim {info.version}"))
-    return {"sweep.csv": out / "sweep.csv", "sweep.png": out / "sweep.png",
-            "report.html": out / "report.html"}
+    writers["report.html"] = _text_writer(H.page(info, sections, footer=f"batchsim {info.version}"))
+    writers.update(extra_files or {})
+    return _write(out_dir, writers, info, "sweep")

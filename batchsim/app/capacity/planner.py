@@ -123,21 +123,32 @@ def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str 
                  show_progress: bool | None,
                  task_fn: Callable[[ConfigTask], ConfigOutcome] = search_config) -> list[ConfigOutcome]:
     """Every configuration's search as one task through run_tasks; outcomes in config order."""
+    from contextlib import closing
+
+    from batchsim.app.compare import clean_point_temps
     from batchsim.reports.progress import progress
-    from batchsim.app.workers import run_tasks
+    from batchsim.app.workers import interrupted, run_tasks
 
     tasks = [ConfigTask(c, base_dir, tuple(spec.slos.items()), spec.tol, points_dir, spec.min_requests,
                         spec.allow_rejections, spec.seeds, spec.seed_cap, spec.ci_width) for c in configs]
     outcomes: list[ConfigOutcome | None] = [None] * len(tasks)
-    with progress(len(tasks), "plan", show_progress) as advance:
-        for idx, outcome in run_tasks(task_fn, tasks, executor, workers, ray_address):
-            if points_dir is not None:
-                for key, record in outcome.new_points.items():
-                    path = Path(points_dir) / f"{key}.json"
-                    if not path.exists():  # NOTE: never rewrite a stored point (its mtime shows it was kept)
-                        write_json(path, record)
-            outcomes[idx] = outcome
-            advance(f"{outcome.label}: {outcome.status}")
+    store = Path(points_dir) if points_dir is not None else None
+    clean_point_temps(store)  # a killed worker's half-written point files
+    try:
+        with progress(len(tasks), "plan", show_progress) as advance, \
+                closing(run_tasks(task_fn, tasks, executor, workers, ray_address)) as finished:
+            for idx, outcome in finished:
+                if store is not None:
+                    for key, record in outcome.new_points.items():
+                        path = store / f"{key}.json"
+                        if not path.exists():  # NOTE: never rewrite a stored point (its mtime shows it was kept)
+                            write_json(path, record)
+                outcomes[idx] = outcome
+                advance(f"{outcome.label}: {outcome.status}")
+    except KeyboardInterrupt:
+        # workers store each point as it finishes: what is on disk is what a rerun reuses
+        kept = len(list(store.glob("*.json"))) if store is not None and store.is_dir() else 0
+        raise interrupted(kept, points_dir) from None
     return [o for o in outcomes if o is not None]
 
 

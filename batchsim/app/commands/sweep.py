@@ -1,9 +1,10 @@
 """``batchsim sweep``: latency, throughput and goodput against offered load per policy.
 
-Thin: loads the scenario, calls :func:`batchsim.app.sweep.sweep` (which writes
-``sweep_runs.csv`` as points finish) and :func:`batchsim.app.sweep.write_sweep`, and
-prints each policy's saturation point and every point's summary warnings
-(an empty or thin measured window, rejected requests).
+Thin: loads the scenario, calls :func:`batchsim.app.sweep.sweep` (which stores
+points in ``OUT/points`` as they finish and reuses them on a rerun) and
+:func:`batchsim.app.sweep.write_sweep`, and prints each policy's saturation point
+and every point's summary warnings (an empty or thin measured window, rejected
+requests). Ctrl-C exits 130 saying how many finished points are kept.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchsim.app.commands.compare import ExecutorOpt, PoliciesOpt, SeedsOpt, SetOpt, WorkersOpt
+from batchsim.app.commands.compare import (ExecutorOpt, PoliciesOpt, SeedsOpt, SetOpt, WorkersOpt, points_line,
+                                           writing_kept)
 
 __all__ = ["register", "sweep_command"]
 
@@ -39,7 +41,7 @@ def sweep_command(
     dest = out or Path("runs") / f"sweep-{sc.name}"
     result = sweep(sc, parse_rates(rates), policies, seeds=seeds, base_dir=base, executor=executor,
                    workers=workers, out_dir=dest)
-    files = write_sweep(result, dest)
+    files = writing_kept(write_sweep, result, dest)
     console = Console(highlight=False)
     for line in saturation_text(result.saturation):
         console.print(line)
@@ -47,6 +49,7 @@ def sweep_command(
         console.print(line, soft_wrap=True, markup=False)
     console.print(f"report: {files['report.html']}")
     console.print(f"table:  {files['sweep.csv']}")
+    console.print(points_line(result.simulated, result.reused, result.points_dir), soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
