@@ -88,7 +88,7 @@ def test_hit_rate_row_only_when_a_run_had_a_prefix_cache():
 
 def test_compare_report_shows_the_hit_rate_of_each_policy(tmp_path):
     sc = scenario_from_dict(SHARED)
-    comp = compare(sc, ["static", "continuous", "chunked_prefill"], executor="serial", show_progress=False)
+    comp = compare(sc, ["static", "continuous", "chunked_prefill"], seeds=1, executor="serial", show_progress=False)
     rates = {s["policy"]: s.get(KEY) for s in comp.summaries}
     assert rates["static"] is None and rates["continuous"] > 0 and rates["chunked_prefill"] > 0
     text = render(summary_table(comp.summaries))

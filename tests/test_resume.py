@@ -32,7 +32,7 @@ def compare_args(seeds: int) -> list[str]:
 
 COMPARE = compare_args(2)
 SWEEP = ["sweep", str(PINNED), "--rates", "2,40", "--policies", "continuous,static",
-         "--set", "workload.num_requests=12", "--executor", "serial"]
+         "--set", "workload.num_requests=12", "--seeds", "1", "--executor", "serial"]
 
 
 def cli(monkeypatch, capsys, args: list[str]) -> tuple[int, str, str]:

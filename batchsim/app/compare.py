@@ -40,16 +40,18 @@ from batchsim.reports.progress import progress
 from batchsim.reports.runs import PolicyRun, ReportInfo
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
+from batchsim.sim.measure import DEFAULT_SEEDS
 from batchsim.sim.io import atomic_write_bytes, atomic_write_text
 from batchsim.app.workers import interrupted, run_tasks
 
-__all__ = ["DEFAULT_POLICIES", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
+__all__ = ["DEFAULT_POLICIES", "DEFAULT_SEEDS", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
            "parse_policies", "with_policy", "with_seed", "scenario_data", "run_task",
            "simulate_task", "report_info", "write_comparison", "call_text", "policy_config",
            "describe_workload", "knob_text", "POINT_FORMAT", "REPORT_RECORDS", "point_key", "points_folder",
            "read_point", "write_point", "plain", "clean_point_temps"]
 
 DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
+
 # Knobs that are not a policy's rules: the replica's KV cache (and prefix caching, for the policies
 # that have it) is the same whichever policy a compare, sweep, plan or `run --policy` swaps in.
 KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "max_model_len", "enable_prefix_caching")
@@ -342,7 +344,7 @@ def policy_config(scenario: Scenario) -> dict:
     return config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(scenario.policy)
 
 
-def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seeds: int = 1,
+def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seeds: int = DEFAULT_SEEDS,
             base_dir: str | Path | None = None, executor: str = "local", workers: int | None = None,
             show_progress: bool | None = None,
             task_fn: Callable[[RunTask], RunOutput] = run_task,

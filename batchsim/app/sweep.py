@@ -31,6 +31,7 @@ from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, clean_point_temps, 
                          simulate_task, with_policy, with_seed, write_point)
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
+from batchsim.sim.measure import DEFAULT_SEEDS
 from batchsim.app.workers import interrupted, run_tasks
 from batchsim.sim.io import write_csv
 
@@ -128,7 +129,7 @@ def _aggregate(rows: list[dict], names: Sequence[str], rates: Sequence[float], s
 
 
 def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = DEFAULT_POLICIES,
-          seeds: int = 1, base_dir: str | Path | None = None, executor: str = "local",
+          seeds: int = DEFAULT_SEEDS, base_dir: str | Path | None = None, executor: str = "local",
           workers: int | None = None, out_dir: str | Path | None = None,
           show_progress: bool | None = None,
           task_fn: Callable[[SweepTask], SweepPoint] = sweep_task) -> SweepResult:

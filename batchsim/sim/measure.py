@@ -1,13 +1,29 @@
-"""When a measured window has enough requests to judge: light, so the CLI can import it.
+"""When a measurement is enough to judge: light, so the CLI can import it.
 
 The summary (:mod:`batchsim.sim.metrics`) warns below :data:`MIN_REQUESTS`
 completed requests in the measured window; ``batchsim plan`` and ``batchsim
 regress`` call such a point *not evaluable* (``--min-requests``).
+:data:`DEFAULT_SEEDS` is how many seeds compare, sweep and plan give an answer over.
 """
 
 from __future__ import annotations
 
-__all__ = ["MIN_REQUESTS", "thin_window"]
+__all__ = ["MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
+
+DEFAULT_SEEDS = 3
+"""Seeds compare and sweep run per configuration, and plan starts each point with.
+
+Three is the fewest whose 95% t-interval is usable: t(0.975, 2) = 4.30, where two
+seeds give 12.7. Seed i is ``scenario.seed + i`` for every policy, rate and
+configuration (common random numbers: differences are sharper than levels).
+(regress uses 5, :data:`batchsim.app.regress.DEFAULT_SEEDS`, for its sign test.)
+"""
+
+DEFAULT_MAX_SEEDS = 10
+"""The most seeds a plan point grows to while an SLO metric's interval is too wide."""
+
+DEFAULT_CI_WIDTH = 0.10
+"""The half-width a plan asks of each SLO metric's 95% interval, relative to its mean."""
 
 MIN_REQUESTS = 100
 """Fewest completed requests in the measured window for its latencies to be evaluable.

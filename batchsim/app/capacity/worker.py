@@ -42,6 +42,7 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.io import write_json
 from batchsim.app.capacity.grid import PlanConfig
 from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, search
+from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
 from batchsim.sim.metrics import rejections_by_kind
 
 __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_metrics", "search_config",
@@ -58,9 +59,6 @@ POINT_FORMAT = 3  # bump when a point's meaning changes (invalidates stored poin
 # 2: null latencies (not 0.0) when nothing was measured; all_rejected_by_reason
 # 3: facts (effective policy knobs, KV capacity, engine) beside the metrics
 
-DEFAULT_SEEDS = 3  # seeds a point starts with: the fewest that give an interval with a usable t (4.30)
-DEFAULT_MAX_SEEDS = 10  # the most a point grows to while its binding interval is too wide
-DEFAULT_CI_WIDTH = 0.10  # asked half-width of the binding metric's 95% interval, relative to its mean
 
 
 @dataclass(frozen=True)

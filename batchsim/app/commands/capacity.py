@@ -17,8 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchsim.app.commands.compare import ExecutorOpt, SetOpt, WorkersOpt
-from batchsim.sim.measure import MIN_REQUESTS
-from batchsim.app.capacity.worker import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
+from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, MIN_REQUESTS
 
 __all__ = ["register", "plan_command"]
 
@@ -46,10 +45,10 @@ def plan_command(
                                                    "budget); rejected requests then count as failing")] = False,
     seeds: Annotated[int, typer.Option(min=1, help="seeds each point starts with (scenario seed + i, the same for every "
                                                    "configuration); 1: no intervals")] = DEFAULT_SEEDS,
-    max_seeds: Annotated[Optional[int], typer.Option(min=1, help="the most seeds a point grows to while its binding "
+    max_seeds: Annotated[Optional[int], typer.Option(min=1, help="the most seeds a point grows to while an SLO "
                                                                f"metric's interval is too wide (default {DEFAULT_MAX_SEEDS}; "
                                                                "1 with --seeds 1)")] = None,
-    ci_width: Annotated[float, typer.Option(help="asked half-width of the binding SLO metric's 95% interval, as a "
+    ci_width: Annotated[float, typer.Option(help="asked half-width of each SLO metric's 95% interval, as a "
                                                  "fraction of its mean")] = DEFAULT_CI_WIDTH,
     out: Annotated[Optional[Path], typer.Option(help="output folder; rerunning into it resumes (default runs/plan-<scenario>)")] = None,
     set_: SetOpt = None,

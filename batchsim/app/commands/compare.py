@@ -14,11 +14,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchsim.sim.measure import DEFAULT_SEEDS
+
 __all__ = ["register", "compare_command", "load_for_command", "points_line", "writing_kept"]
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a scenario field: dotted.key=value (repeatable)")]
 PoliciesOpt = Annotated[str, typer.Option(help="comma-separated policies to run on the same workload")]
-SeedsOpt = Annotated[int, typer.Option(min=1, help="repeat with N independent seeds (scenario seed + i); metrics become mean ± 95% CI")]
+SeedsOpt = Annotated[int, typer.Option(min=1, help="independent seeds per policy (scenario seed + i, the same for every policy); "
+                                                   "metrics are mean ± 95% CI; 1: one run, no interval")]
 ExecutorOpt = Annotated[str, typer.Option(help="where runs execute: local (process pool), serial (this process) or ray")]
 WorkersOpt = Annotated[Optional[int], typer.Option(min=1, help="parallel runs (default: one per core)")]
 
@@ -51,7 +54,7 @@ def writing_kept(write, result, dest: Path):
 def compare_command(
     scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML file (default: the built-in example)")] = None,
     policies: PoliciesOpt = "static,dynamic,continuous,chunked_prefill",
-    seeds: SeedsOpt = 1,
+    seeds: SeedsOpt = DEFAULT_SEEDS,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/compare-<scenario>)")] = None,
     set_: SetOpt = None,
     executor: ExecutorOpt = "local",

@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchsim.sim.measure import DEFAULT_SEEDS
+
 from batchsim.app.commands.compare import (ExecutorOpt, PoliciesOpt, SeedsOpt, SetOpt, WorkersOpt, points_line,
                                            writing_kept)
 
@@ -24,7 +26,7 @@ def sweep_command(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate is swept)")],
     rates: Annotated[str, typer.Option(help="comma-separated offered loads in requests/s, e.g. 2,4,8,12,16")],
     policies: PoliciesOpt = "static,dynamic,continuous,chunked_prefill",
-    seeds: SeedsOpt = 1,
+    seeds: SeedsOpt = DEFAULT_SEEDS,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/sweep-<scenario>)")] = None,
     set_: SetOpt = None,
     executor: ExecutorOpt = "local",
