@@ -274,3 +274,66 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_an_edited_input_file_is_simulated_again_not_read_from_a_stale_point(tmp_path, monkeypatch, capsys):
+    """A point's name covers the contents of the files its scenario names (here a hardware
+    profile given as a path), not only the scenario's text."""
+    hw = tmp_path / "myhw.yaml"
+    shipped = Path(__file__).parents[1] / "batchsim" / "calibrate" / "profiles" / "h100-sxm.yaml"
+    hw.write_text(shipped.read_text())
+    args = ["compare", str(PINNED), "--policies", "continuous", "--seeds", "1", "--set", "workload.num_requests=16",
+            "--set", f"hardware={hw}", "--executor", "serial"]
+    out = tmp_path / "o"
+    assert cli(monkeypatch, capsys, [*args, "--out", str(out)])[0] == 0
+    code, stdout, _ = cli(monkeypatch, capsys, [*args, "--out", str(out)])
+    assert code == 0 and points_line(stdout).startswith("points: 0 simulated, 1 reused"), stdout
+    hw.write_text(shipped.read_text().replace("hbm_bandwidth_gbs: 3350.0", "hbm_bandwidth_gbs: 1000.0"))
+    code, stdout, _ = cli(monkeypatch, capsys, [*args, "--out", str(out)])
+    assert code == 0 and points_line(stdout).startswith("points: 1 simulated, 0 reused"), stdout
+
+
+def test_a_resumed_sweep_keeps_each_rows_seed_index(tmp_path, monkeypatch, capsys):
+    """Seed 1 of a 2-seed sweep is the same simulation as seed 0 of one with seed + 1, but its
+    row says seed_index 1: the index is part of the point's name, so a resume is byte-identical."""
+    base = ["sweep", str(PINNED), "--rates", "4", "--policies", "static", "--set", "workload.num_requests=12",
+            "--executor", "serial"]
+    shared, fresh = tmp_path / "s", tmp_path / "f"
+    assert cli(monkeypatch, capsys, [*base, "--seeds", "2", "--out", str(shared)])[0] == 0
+    later = [*base, "--seeds", "1", "--set", "seed=1"]
+    assert cli(monkeypatch, capsys, [*later, "--out", str(shared)])[0] == 0
+    assert cli(monkeypatch, capsys, [*later, "--out", str(fresh)])[0] == 0
+    assert outputs(shared) == outputs(fresh)
+
+
+def test_a_writer_killed_while_carrying_points_across_the_swap_loses_nothing(tmp_path, monkeypatch):
+    """points/ is moved into the new set's folder just before the swap; a writer killed right
+    there leaves it in an orphan folder, and the next write moves it back."""
+    from batchsim.sim import io
+
+    out = tmp_path / "o"
+    io.write_set(out, {"a.csv": lambda p: p.write_text("1")})
+    (out / "points").mkdir()
+    (out / "points" / "k.json").write_text("{}")
+    real = os.rename
+    calls = []
+
+    def killed(src, dst):
+        calls.append((src, dst))
+        if Path(src) == out:  # after points/ went into the new folder, before the swap
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(io.os, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        io.write_set(out, {"a.csv": lambda p: p.write_text("2")})
+    monkeypatch.setattr(io.os, "rename", real)
+    assert (out / "points" / "k.json").exists() and (out / "a.csv").read_text() == "1"  # the old set, whole
+    # a kill -9 at the same moment: points/ sits in the orphan temp folder of a dead process
+    orphan = tmp_path / ".o.tmp-999999-x"
+    orphan.mkdir()
+    os.rename(out / "points", orphan / "points")
+    io.write_set(out, {"a.csv": lambda p: p.write_text("3")})
+    assert (out / "a.csv").read_text() == "3"
+    assert (out / "points" / "k.json").read_text() == "{}", "points/ was lost"
+    assert json.loads((out / MANIFEST).read_text())["files"] == {"a.csv": 1}

@@ -184,6 +184,7 @@ def main() -> None:
         name = f": {e.filename}" if e.filename else ""
         _fail(escape(f"{e.strerror or e}{name}"))
     except (KeyboardInterrupt, typer.Abort):
+        _ignore_further_interrupts()
         err_console.print(_INTERRUPTED, highlight=False)
         sys.exit(130)
     except BaseException as e:  # a job's own Ctrl-C line (batchsim.app.workers.Interrupted): what it kept
@@ -191,8 +192,20 @@ def main() -> None:
 
         if not isinstance(e, Interrupted) or _state["debug"]:
             raise
+        _ignore_further_interrupts()
         err_console.print(e.message, highlight=False, markup=False, soft_wrap=True)
         sys.exit(130)
+
+
+def _ignore_further_interrupts() -> None:
+    """After the first Ctrl-C is handled, a second one (a repeated key press) must not turn the
+    one-line exit into a traceback from interpreter shutdown (the pool's thread join)."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (an embedding caller): nothing to do
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

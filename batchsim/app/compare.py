@@ -23,7 +23,6 @@ scenario, so a changed scenario simply gets new points.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import time
@@ -181,16 +180,12 @@ _TEMP_AGE_S = 3600.0  # a point's temporary file older than this is a killed wri
 
 
 def point_key(kind: str, scenario: dict, base_dir: str | None, **extra: Any) -> str:
-    """The hash that names a stored point (the rule of batchsim.app.capacity.worker.point_key):
-    what made it (``kind``: compare, sweep), the task's whole scenario, the format, batchsim's
-    version, ``extra`` (the task's label, ...) and, for a trace, the folder its path resolves
-    against."""
-    from batchsim import __version__
+    """The hash that names a stored point (:func:`batchsim.app.points.point_key`: the scenario,
+    the files it reads, the code) with what made it (``kind``: compare, sweep), the format and
+    ``extra`` (the task's label, ...)."""
+    from batchsim.app.points import point_key as key
 
-    trace = bool(scenario.get("workload", {}).get("trace"))
-    blob = json.dumps({"format": POINT_FORMAT, "kind": kind, "batchsim": __version__, "scenario": scenario,
-                       "base_dir": base_dir if trace else None, **extra}, sort_keys=True, allow_nan=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
+    return key(scenario, base_dir, kind=kind, format=POINT_FORMAT, **extra)
 
 
 def points_folder(out_dir: str | Path | None) -> Path | None:
@@ -280,6 +275,8 @@ def read_point(folder: Path, key: str, kind: str, records: bool = False) -> tupl
         dtypes = record.get("records")
         if not records or not dtypes:
             return (record, {}) if not records else None
+        if any(tuple(dtypes.get(name, {})) != cols for name, cols in REPORT_RECORDS.items()):
+            return None  # stored before the report read other columns: simulate again
         with np.load(folder / f"{key}.npz") as z:  # (numpy's default: no pickled objects are loaded)
             arrays = {k: z[k] for k in z.files}
         return record, _decode(arrays, dtypes)
@@ -365,7 +362,7 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
     tasks = [RunTask(scenario_data(with_seed(v, i)), base, p, i, keep_records=(i == 0))
              for p, v in zip(names, variants) for i in range(seeds)]
     store = points_folder(out_dir)
-    keys = [point_key("compare", t.scenario, t.base_dir, label=t.label) for t in tasks]
+    keys = [point_key("compare", t.scenario, t.base_dir, label=t.label, seed_index=t.seed_index) for t in tasks]
     results: list[RunOutput | None] = [None] * len(tasks)
     try:
         if store is not None:

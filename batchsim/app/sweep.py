@@ -147,7 +147,8 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
             tasks += [SweepTask(RunTask(scenario_data(with_seed(rated, i)), base, p, i, False), r)
                       for i in range(seeds)]
     store = points_folder(out_dir)
-    keys = [point_key("sweep", t.run.scenario, t.run.base_dir, label=t.run.label, rate=t.rate) for t in tasks]
+    keys = [point_key("sweep", t.run.scenario, t.run.base_dir, label=t.run.label, rate=t.rate,
+                      seed_index=t.run.seed_index) for t in tasks]  # (the row carries its seed index)
     points: list[SweepPoint | None] = [None] * len(tasks)
     try:
         if store is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager, suppress
@@ -69,10 +70,25 @@ def _serial(fn, args) -> Iterator[tuple[int, Any]]:
 
 
 def _worker_init() -> None:
-    """Pool worker start-up: ignore Ctrl-C (the parent handles it and stops the workers)."""
+    """Pool worker start-up: ignore Ctrl-C (the parent handles it and stops the workers), and
+    on Linux die with the parent (a SIGTERM or kill of the parent alone left them running)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _die_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL): the kernel kills this worker when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # no libc symbol: best effort, the parent still stops its pool
+        pass
 
 
 @contextmanager

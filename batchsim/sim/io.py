@@ -86,10 +86,14 @@ def clean_orphans(parent: Path, name: str) -> list[Path]:
     removed = []
     if not parent.is_dir():
         return removed
-    for p in parent.iterdir():
+    for p in sorted(parent.iterdir()):
         m = _ORPHAN.match(p.name)
         if m and m.group("name") == name and not _alive(int(m.group("pid"))):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+            if p.is_dir() and not p.is_symlink():
+                _carry_back(p, parent / name)  # a folder write_set was carrying across the swap (points/)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
             removed.append(p)
     return removed
 
@@ -109,7 +113,8 @@ def _previous_set(out: Path) -> set[str] | None:
         return found or None
 
 
-def write_set(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], about: dict | None = None) -> Path:
+def write_set(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], about: dict | None = None,
+              keep: tuple[str, ...] = ("points",)) -> Path:
     """Write a run's output files as one set: never a mix of an old run's files and a new one's.
 
     The files are written into a temporary folder beside ``out_dir``, with ``manifest.json``
@@ -118,6 +123,11 @@ def write_set(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], a
     (``--out .``) keeps them, gets the new files renamed in and the previous set's other files
     removed, and its manifest last, so a set without its manifest is known to be incomplete.
     A killed writer's leftovers are removed by the next write to the same place.
+
+    ``keep``: folders batchsim keeps in ``out_dir`` beside the set (``points/``, the finished
+    runs a rerun resumes from). They do not stop the swap: they are moved into the new folder
+    just before it, and :func:`clean_orphans` moves them back out of a killed writer's
+    temporary folder, so they are never lost.
     """
     out = Path(out_dir).absolute()
     parent = out.parent
@@ -134,9 +144,12 @@ def write_set(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], a
         if not out.exists():
             os.rename(tmp, out)
         elif (previous is not None and out != Path.cwd().absolute()
-              and {p.name for p in out.iterdir()} <= previous | {MANIFEST}):
+              and {p.name for p in out.iterdir()} <= previous | {MANIFEST} | set(keep)):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=parent))
             os.rmdir(old)
+            for name in keep:
+                if (out / name).is_dir() and name not in writers:
+                    os.rename(out / name, tmp / name)
             os.rename(out, old)
             os.rename(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -151,9 +164,21 @@ def write_set(out_dir: str | Path, writers: dict[str, Callable[[Path], None]], a
             os.replace(tmp / MANIFEST, out / MANIFEST)
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
+        _carry_back(tmp, out)  # (a kept folder already moved in goes back before the temp folder goes)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _carry_back(tmp: Path, out: Path) -> None:
+    """Move the folders in ``tmp`` (only kept ones, such as points/, are folders there) back
+    into ``out`` where it lacks them; ``out`` is made if a swap removed it."""
+    if not tmp.is_dir():
+        return
+    for sub in sorted(tmp.iterdir()):
+        if sub.is_dir() and not sub.is_symlink() and not (out / sub.name).exists():
+            out.mkdir(exist_ok=True)
+            os.rename(sub, out / sub.name)
 
 
 def _umask() -> int:

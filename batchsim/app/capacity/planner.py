@@ -134,6 +134,7 @@ def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str 
     outcomes: list[ConfigOutcome | None] = [None] * len(tasks)
     store = Path(points_dir) if points_dir is not None else None
     clean_point_temps(store)  # a killed worker's half-written point files
+    before = {p.name for p in store.glob("*.json")} if store is not None and store.is_dir() else set()
     try:
         with progress(len(tasks), "plan", show_progress) as advance, \
                 closing(run_tasks(task_fn, tasks, executor, workers, ray_address)) as finished:
@@ -147,7 +148,8 @@ def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str 
                 advance(f"{outcome.label}: {outcome.status}")
     except KeyboardInterrupt:
         # workers store each point as it finishes: what is on disk is what a rerun reuses
-        kept = len(list(store.glob("*.json"))) if store is not None and store.is_dir() else 0
+        # (counted as the points this plan added: the folder may hold other runs' too)
+        kept = len({p.name for p in store.glob("*.json")} - before) if store is not None and store.is_dir() else 0
         raise interrupted(kept, points_dir) from None
     return [o for o in outcomes if o is not None]
 

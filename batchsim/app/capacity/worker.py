@@ -29,7 +29,6 @@ end, the estimate and the high end of the capacity's interval.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,14 +98,11 @@ class ConfigOutcome:
 
 
 def point_key(point_scenario: dict, base_dir: str | None) -> str:
-    """The hash that names a point's file: its scenario, the version, and (for
-    traces) the folder relative paths resolve against."""
-    from batchsim import __version__
+    """The hash that names a point's file (:func:`batchsim.app.points.point_key`: its scenario,
+    the files it reads, the code) and the plan's point format."""
+    from batchsim.app.points import point_key as key
 
-    trace = bool(point_scenario.get("workload", {}).get("trace"))
-    blob = json.dumps({"format": POINT_FORMAT, "batchsim": __version__, "scenario": point_scenario,
-                       "base_dir": base_dir if trace else None}, sort_keys=True, allow_nan=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
+    return key(point_scenario, base_dir, kind="plan", format=POINT_FORMAT)
 
 
 def queue_metrics(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> dict:
