@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -176,6 +176,10 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     :class:`~batchsim.sim.engine.Replica` subclass that times real steps.
     """
     aggregate = scenario.measure.records == "aggregate"
+    if aggregate and parts.workload.closed is not None:
+        raise InputError("a closed loop makes its arrival times as it runs, and aggregate records pick the "
+                         "measured requests by arrival before it starts; use measure.records: full",
+                         "measure.records")
     if aggregate:
         steps, itl = StepTotals(scenario.replicas), ItlAggregate(scenario.replicas, _measured(parts.workload, scenario))
     else:
@@ -206,6 +210,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
             raise RuntimeError(f"conservation broken: {unfinished} unfinished request(s) but {ran.held} "
                                "queued or running")
         engine = {"steps": ran.steps, "engine": "core", "held": ran.held}
+        sent = parts.workload.arrival
     else:
         env = simpy.Environment()
         replicas = [replica(env, i, pol, parts.cost, kv, max_len, steps, itl.sink(i) if aggregate else itl)
@@ -217,7 +222,9 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         _check_unfinished_are_held(cluster)
         requests, now = request_frame(cluster.requests), env.now
         engine = {"steps": len(steps), "engine": "python"}
-    _check_conservation(requests, parts.workload, scenario.horizon_s)
+        sent = cluster.arrival  # (a closed loop's send times; inf for requests never sent)
+    workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
+    _check_conservation(requests, workload, scenario.horizon_s)
     if aggregate:
         step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
         itl_df = pd.DataFrame({"rid": np.empty(0, dtype=np.int64), "gap": np.empty(0)})
@@ -234,10 +241,11 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         step_df = step_df.reset_index(drop=True)
         itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
+    n_sent = _arrived(workload, math.inf)  # (every request of an open loop; those sent, of a closed one)
     last_end = (steps.totals()["max_end"] if aggregate else
                 float(step_df["end"].max()) if len(step_df) else 0.0)
     last = max([last_end if last_end > -math.inf else 0.0,
-                float(parts.workload.arrival[-1]) if len(parts.workload) else 0.0])
+                float(workload.arrival[n_sent - 1]) if n_sent else 0.0])
     sim_end = now if unfinished else last
     kv0 = caches[0]
     totals = RunTotals(

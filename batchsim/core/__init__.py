@@ -358,6 +358,8 @@ def unsupported(policy, cost, router: str, replica_factory, kv_type, workload=No
 
     if replica_factory is not Replica:
         return "a custom replica (the reference executor times real steps)"
+    if workload is not None and getattr(workload, "closed", None) is not None:
+        return "a closed-loop workload (its arrivals come from completions; the core replays fixed arrival times)"
     recipe, why = _recipe_of(policy)
     if why is not None:
         return why

@@ -66,6 +66,7 @@ class Replica:
         self.steps, self.itl = steps, itl
         self.view = _View(env, self.waiting, self.running, kv, max_model_len)
         self.outstanding = 0  # admitted to this replica and not yet done (what routers balance)
+        self.on_done: Callable[[Seq], None] | None = None  # told when a request ends (a closed loop's clients)
         self._admissions = 0
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
@@ -88,6 +89,8 @@ class Replica:
     def reject(self, seq: Seq, reason: str) -> None:
         """Mark ``seq`` rejected: it leaves without running."""
         seq.status, seq.reason = REJECTED, reason
+        if self.on_done is not None:
+            self.on_done(seq)
 
     # -- the loop -------------------------------------------------------------
     def _loop(self):
@@ -280,6 +283,8 @@ class Replica:
                 seq.finished = True
                 seq.status = COMPLETED
                 seq.completion = now
+                if self.on_done is not None:
+                    self.on_done(seq)  # (its last token is out: the client has its response)
                 if not plan.hold_finished:
                     done.append(seq)
         if gaps:
@@ -314,23 +319,56 @@ class Cluster:
         self.env, self.replicas, self.route = env, list(replicas), route
         self.workload, self.max_queue_len = workload, max_queue_len
         self.requests: list[Seq] = []
-        env.process(self._arrivals())
+        # when each request was sent: the workload's times, or (a closed loop) as the clients send them
+        self.arrival = np.full(len(workload), np.inf) if workload.closed is not None else workload.arrival
+        if workload.closed is None:
+            env.process(self._arrivals())
+        else:
+            self._ended: dict[int, simpy.Event] = {}
+            self._next = 0
+            for r in self.replicas:
+                r.on_done = self._end
+            for _ in range(min(workload.closed.concurrency, len(workload))):
+                env.process(self._client())
 
     def _arrivals(self):
         env, w = self.env, self.workload
         arrival = w.arrival.tolist()
-        prompt = w.prompt_tokens.tolist()
-        output = w.output_tokens.tolist()
-        hashes = w.prefix_hashes
         for rid in range(len(arrival)):
             t = arrival[rid]
             if t > env.now:
                 yield env.timeout(t - env.now)
-            seq = Seq(rid, t, prompt[rid], output[rid], hashes[rid] if hashes is not None else None)
-            self.requests.append(seq)
-            replica = self.replicas[self.route(self.replicas, seq)]
-            if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
-                seq.replica = replica.index
-                replica.reject(seq, queue_full(self.max_queue_len))
-                continue
-            replica.enqueue(seq)
+            self._send(rid, t)
+
+    def _send(self, rid: int, t: float) -> None:
+        w = self.workload
+        hashes = w.prefix_hashes
+        seq = Seq(rid, t, int(w.prompt_tokens[rid]), int(w.output_tokens[rid]),
+                  hashes[rid] if hashes is not None else None)
+        self.requests.append(seq)
+        replica = self.replicas[self.route(self.replicas, seq)]
+        if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
+            seq.replica = replica.index
+            replica.reject(seq, queue_full(self.max_queue_len))
+            return
+        replica.enqueue(seq)
+
+    # -- a closed loop ---------------------------------------------------------
+    def _client(self):
+        """One client: send the next unsent request, wait for it to end, think, repeat."""
+        env, think = self.env, self.workload.closed.think_s
+        while self._next < len(self.workload):
+            rid = self._next
+            self._next += 1
+            ended = self._ended[rid] = env.event()
+            self.arrival[rid] = env.now
+            self._send(rid, env.now)
+            yield ended
+            wait = float(think[rid])
+            if wait > 0:
+                yield env.timeout(wait)
+
+    def _end(self, seq: Seq) -> None:
+        ended = self._ended.pop(seq.rid, None)
+        if ended is not None:
+            ended.succeed()

@@ -23,12 +23,31 @@ import numpy as np
 
 __all__ = [
     "Workload",
+    "ClosedLoop",
     "BatchPlan",
     "StepShape",
     "OpCost",
     "StepCost",
     "IDLE",
 ]
+
+
+@dataclass(frozen=True, eq=False)
+class ClosedLoop:
+    """A closed-loop client population (``workload.arrival.process: closed``).
+
+    ``concurrency`` clients start at t = 0; each sends request ``rid`` (the next
+    unsent one, in rid order) and, when it ends (completed or rejected), waits
+    ``think_s[rid]`` seconds and sends the next. So arrival times are made by the
+    run, not given: ``Workload.arrival`` holds zeros until the engine fills them.
+    """
+
+    concurrency: int
+    think_s: np.ndarray  # float64 >= 0, one per request: the wait after it ends
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("a closed loop needs at least one client")
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +65,7 @@ class Workload:
     output_tokens: np.ndarray  # int64 >= 1
     prefix_hashes: tuple[tuple[int, ...], ...] | None = None
     prefix_block_tokens: int = 0  # tokens per prefix hash block (Mooncake: 512)
+    closed: "ClosedLoop | None" = None  # a closed loop: arrivals come from completions (arrival is a placeholder)
 
     def __post_init__(self) -> None:
         n = len(self.arrival)

@@ -198,7 +198,21 @@ def empirical(cfg: EmpiricalArrival, rng: np.random.Generator, n: int | None, du
     return renewal(lambda k: rng.choice(gaps, k), float(gaps.mean()), n, duration)
 
 
-_PROCESSES = {"poisson": poisson, "gamma": gamma, "constant": constant, "onoff": onoff, "diurnal": diurnal}
+def closed(cfg, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
+    """A closed loop's placeholder arrivals: zeros (the run makes the times, batchsim.sim.engine)."""
+    return np.zeros(int(n or 0), dtype=np.float64)
+
+
+def think_times(cfg, rng: np.random.Generator, n: int) -> np.ndarray:
+    """A closed loop's think times, one per request (the wait after it ends)."""
+    z = float(cfg.think_time_s)
+    if cfg.think == "exponential" and z > 0:
+        return rng.exponential(z, n)
+    return np.full(n, z, dtype=np.float64)
+
+
+_PROCESSES = {"poisson": poisson, "gamma": gamma, "constant": constant, "onoff": onoff, "diurnal": diurnal,
+              "closed": closed}
 
 
 def generate(cfg: ArrivalConfig, rng: np.random.Generator, n: int | None, duration: float | None,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from batchsim.sim.errors import InputError
-from batchsim.sim.types import Workload
+from batchsim.sim.types import ClosedLoop, Workload
 
 from . import arrivals, lengths, traces
 from .config import WorkloadConfig
@@ -32,6 +32,17 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     base = Path(base_dir) if base_dir is not None else None
     # NOTE: spawn(5) keeps the first four streams identical to spawn(4).
     r_arrival, r_prompt, r_output, r_trace, r_prefix = rng.spawn(5)
+    return _closed_loop(_build(cfg, base, r_arrival, r_prompt, r_output, r_trace, r_prefix), cfg, r_arrival)
+
+
+def _closed_loop(wl: Workload, cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
+    """A closed loop's clients and think times (drawn after the placeholder arrivals, which draw nothing)."""
+    if cfg.arrival.process != "closed":
+        return wl
+    return replace(wl, closed=ClosedLoop(int(cfg.arrival.concurrency), arrivals.think_times(cfg.arrival, rng, len(wl))))
+
+
+def _build(cfg: WorkloadConfig, base: Path | None, r_arrival, r_prompt, r_output, r_trace, r_prefix) -> Workload:
     if cfg.trace is None:
         t = arrivals.generate(cfg.arrival, r_arrival, cfg.num_requests, cfg.duration_s, base)
         _check_span(t, "workload.arrival")

@@ -252,8 +252,29 @@ class EmpiricalArrival(_Model):
         return self
 
 
+class ClosedArrival(_Model):
+    """A closed loop: ``concurrency`` clients, each sending its next request when its last one
+    ends, after a think time (`vllm bench serve --max-concurrency N` with an unlimited request
+    rate, GuideLLM's concurrent profile, genai-perf's --concurrency)."""
+
+    process: Literal["closed"] = Field(description="Closed loop: N clients, the next request when the last one ends.")
+    concurrency: int = Field(ge=1, le=MAX_REQUESTS, description="Clients (requests in flight, less the thinking ones).")
+    think_time_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                description="Mean wait between a client's response and its next request (s).")
+    think: Literal["constant", "exponential"] = Field(
+        "constant", description="Think times: each exactly think_time_s, or exponential with that mean.")
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _whole(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("expected a whole number of clients, got a boolean")
+        return v
+
+
 ArrivalConfig = Annotated[
-    Union[PoissonArrival, GammaArrival, ConstantArrival, OnOffArrival, DiurnalArrival, EmpiricalArrival],
+    Union[PoissonArrival, GammaArrival, ConstantArrival, OnOffArrival, DiurnalArrival, EmpiricalArrival,
+          ClosedArrival],
     Field(discriminator="process"),
 ]
 
@@ -359,6 +380,15 @@ class WorkloadConfig(_Model):
     def _consistent(self) -> "WorkloadConfig":
         if self.shared_prefix is not None and self.trace is not None and self.trace.format == "mooncake":
             raise ValueError("shared_prefix cannot be combined with a mooncake trace, which has its own hash_ids")
+        if self.arrival.process == "closed":
+            if self.num_requests is None and self.trace is None:
+                raise ValueError("a closed loop sends requests until num_requests have been sent: set num_requests")
+            if self.duration_s is not None:
+                raise ValueError("duration_s bounds arrival times, which a closed loop makes as it runs; "
+                                 "set num_requests (and horizon_s to stop the clock)")
+            if self.trace is not None and self.trace_has_arrivals:
+                raise ValueError("a closed loop makes its own arrival times: use a 'lengths' trace "
+                                 "(or trace.arrivals: arrival) with it")
         if self.trace is None:
             if self.num_requests is None and self.duration_s is None:
                 raise ValueError("set num_requests or duration_s (or both) for a synthetic workload")

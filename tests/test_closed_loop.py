@@ -1,0 +1,128 @@
+"""Closed-loop clients (``workload.arrival: {process: closed, concurrency: N, think_time_s: Z}``):
+N clients, each sending its next request when its last one ends, after a think time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import run_scenario
+from batchsim.sim.errors import InputError
+
+
+def _scenario(concurrency: int = 4, think: float = 0.0, dist: str = "constant", n: int = 200, **extra) -> dict:
+    data = {
+        "name": "closed", "model": "llama-3-8b", "hardware": "h100-sxm",
+        "policy": {"name": "continuous", "max_num_seqs": 256},
+        "workload": {"num_requests": n,
+                     "arrival": {"process": "closed", "concurrency": concurrency, "think_time_s": think,
+                                 "think": dist},
+                     "prompt_tokens": {"dist": "lognormal", "median": 300, "p90": 900, "max": 2000},
+                     "output_tokens": {"dist": "lognormal", "median": 60, "p90": 200, "max": 400}},
+        "seed": 1,
+    }
+    data.update(extra)
+    return data
+
+
+def _run(data: dict):
+    return run_scenario(scenario_from_dict(data), None)
+
+
+def test_one_client_sends_each_request_when_the_last_ends_plus_its_think_time():
+    res = _run(_scenario(concurrency=1, think=0.25, n=30))
+    r = res.requests.sort_values("rid")
+    assert (r["status"] == "completed").all() and r["arrival"].iloc[0] == 0.0
+    np.testing.assert_array_equal(r["arrival"].to_numpy()[1:], r["completion"].to_numpy()[:-1] + 0.25)
+    assert res.summary["engine"] == "python" and "closed-loop" in res.summary["engine_reason"]
+
+
+def _in_flight(req) -> np.ndarray:
+    """Requests in flight just after each arrival."""
+    a, c = req["arrival"].to_numpy(), req["completion"].to_numpy()
+    return np.array([int(((a <= t) & (c > t)).sum()) for t in a])
+
+
+def test_never_more_than_the_concurrency_in_flight_and_exactly_that_without_think_time():
+    req = _run(_scenario(concurrency=8, think=0.0, n=200)).requests
+    flight = _in_flight(req)
+    assert flight.max() == 8
+    # with no think time every client always has one request in flight until the requests run out
+    last_first_wave = req.sort_values("arrival")["arrival"].iloc[-8]
+    assert (flight[req["arrival"].to_numpy() < last_first_wave] == 8).all()
+
+
+def test_littles_law_requests_in_flight_are_the_concurrency_less_the_thinking_share():
+    n_clients, think = 8, 0.5
+    res = _run(_scenario(concurrency=n_clients, think=think, dist="exponential", n=400))
+    req = res.requests
+    assert (req["status"] == "completed").all()
+    span = float(req["completion"].max() - req["arrival"].min())
+    in_flight = float((req["completion"] - req["arrival"]).sum()) / span  # L = time-average requests in system
+    throughput = len(req) / span  # X
+    # Little's law on the clients: N = L + X * Z (each client is either waiting on a response or thinking);
+    # the last requests' tails make it approximate, not exact
+    assert in_flight == pytest.approx(n_clients - throughput * think, rel=0.03)
+    assert in_flight < n_clients * 0.95  # thinking clients are not in flight
+
+
+def test_throughput_saturates_as_clients_are_added():
+    """A concurrency sweep (1 .. 512 clients, 1500 requests each): throughput follows the clients
+    while the replica has room, then flattens (measured: 1.59, 5.82, 17.9, 38.8, 57.5, 57.6 req/s)
+    while the time to first token explodes (queueing)."""
+    x, ttft = {}, {}
+    for c in (1, 4, 16, 64, 256, 512):
+        s = _run(_scenario(concurrency=c, n=1500)).summary
+        x[c], ttft[c] = s["request_throughput"], s["median_ttft_ms"]
+    assert x[4] > 2.5 * x[1] and x[16] > 2.0 * x[4]  # far below saturation: throughput follows the clients
+    assert x[512] < 1.02 * x[256]  # saturated: more clients only queue
+    assert ttft[512] > 10 * ttft[256]
+
+
+def test_closed_loop_runs_are_deterministic_and_seeded():
+    a = _run(_scenario(concurrency=6, think=0.1, dist="exponential", n=120)).requests
+    b = _run(_scenario(concurrency=6, think=0.1, dist="exponential", n=120)).requests
+    c = _run({**_scenario(concurrency=6, think=0.1, dist="exponential", n=120), "seed": 2}).requests
+    assert a.equals(b) and not a["arrival"].equals(c["arrival"])
+
+
+def test_a_rejected_request_frees_its_client_and_a_horizon_stops_the_clients():
+    data = _scenario(concurrency=2, n=60)
+    data["policy"]["max_model_len"] = 600  # some requests are too long: rejected at once
+    req = _run(data).requests
+    assert (req["status"] == "rejected").any() and len(req) == 60 and set(req["status"]) <= {"completed", "rejected"}
+    cut = _run({**_scenario(concurrency=2, n=500), "horizon_s": 3.0})
+    sent = cut.requests
+    assert 0 < len(sent) < 500 and (sent["arrival"] < 3.0).all()  # requests never sent are not records
+    assert set(sent["status"]) <= {"completed", "unfinished"}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"num_requests": None, "duration_s": 10.0}, "workload"),
+    ({"duration_s": 10.0}, "workload"),
+])
+def test_closed_loop_config_errors(change, field):
+    data = _scenario()
+    data["workload"].update(change)
+    with pytest.raises(InputError) as e:
+        scenario_from_dict(data)
+    assert field in str(e.value)
+
+
+def test_concurrency_must_be_a_positive_whole_number():
+    for bad in (0, True, 1.5):
+        data = _scenario()
+        data["workload"]["arrival"]["concurrency"] = bad
+        with pytest.raises(InputError) as e:
+            scenario_from_dict(data)
+        assert "workload.arrival" in str(e.value) and "concurrency" in str(e.value)
+
+
+def test_aggregate_records_and_engine_core_say_why_they_cannot_run_a_closed_loop():
+    with pytest.raises(InputError) as e:
+        _run({**_scenario(), "measure": {"records": "aggregate"}})
+    assert e.value.where == "measure.records"
+    with pytest.raises(InputError) as e:
+        _run({**_scenario(), "engine": "core"})
+    assert "closed-loop" in e.value.message and e.value.where == "engine"
