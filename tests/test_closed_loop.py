@@ -126,3 +126,30 @@ def test_aggregate_records_and_engine_core_say_why_they_cannot_run_a_closed_loop
     with pytest.raises(InputError) as e:
         _run({**_scenario(), "engine": "core"})
     assert "closed-loop" in e.value.message and e.value.where == "engine"
+
+
+@pytest.mark.parametrize("policy", [{"name": "static", "max_batch_size": 4},
+                                    {"name": "dynamic", "max_batch_size": 4, "max_queue_delay_s": 0.05}])
+def test_a_batch_that_returns_together_ends_its_requests_when_it_returns(policy):
+    """static/dynamic with complete_at: batch_end hold finished requests until the batch returns:
+    the client has its response then (its completion), not at the request's own last token."""
+    data = _scenario(concurrency=1, think=0.1, n=12)
+    data["policy"] = policy
+    r = _run(data).requests.sort_values("rid")
+    np.testing.assert_allclose(r["arrival"].to_numpy()[1:], r["completion"].to_numpy()[:-1] + 0.1, rtol=0, atol=1e-12)
+    many = {**_scenario(concurrency=5, n=80), "policy": policy}
+    assert _in_flight(_run(many).requests).max() <= 5
+
+
+def test_a_closed_loop_warns_of_rejections_and_of_a_horizon_that_stopped_its_clients():
+    s = _run({**_scenario(concurrency=3, n=50), "max_queue_len": 1}).summary
+    assert any("rejected in a closed loop" in w for w in s["warnings"]), s["warnings"]
+    s = _run({**_scenario(concurrency=2, n=400), "horizon_s": 3.0}).summary
+    assert any(w.startswith("horizon_s stopped the clients:") and "of 400 requests were sent" in w
+               for w in s["warnings"]), s["warnings"]
+
+
+def test_think_times_that_would_overflow_the_clock_are_an_error():
+    with pytest.raises(InputError) as e:
+        _run(_scenario(concurrency=1, think=1e17, n=3))
+    assert e.value.where == "workload.arrival.think_time_s"

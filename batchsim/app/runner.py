@@ -256,6 +256,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     )
     summary = summarize(requests, steps if aggregate else step_df, itl if aggregate else itl_df, totals, policy=pols[0].name,
                         slo=scenario.slo.limits())
+    if workload.closed is not None:
+        summary.setdefault("warnings", []).extend(_closed_loop_warnings(requests, workload, n_sent))
     if kv0.prefix_caching:
         hits, looks = sum(c.hits for c in caches), sum(c.lookups for c in caches)
         summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
@@ -269,6 +271,18 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
     return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
+
+
+def _closed_loop_warnings(requests: pd.DataFrame, workload: Workload, sent: int) -> list[str]:
+    """What a closed loop's clients did that its numbers alone do not show."""
+    out = []
+    if sent < len(workload):
+        out.append(f"horizon_s stopped the clients: {sent} of {len(workload)} requests were sent")
+    rejected = int((requests["status"] == "rejected").sum()) if len(requests) else 0
+    if rejected:
+        out.append(f"{rejected} requests rejected in a closed loop: a rejected request frees its client at once, "
+                   "so with little think time rejections come back to back")
+    return out
 
 
 def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: int, engine: str) -> dict:

@@ -100,7 +100,7 @@ def run_padded(recipe: PaddedRecipe, view: ReplicaView) -> BatchPlan:
     """Decode the batch in flight; once it has finished, release it and launch the next."""
     batch = list(view.running)
     if any(not s.finished for s in batch):
-        return _decode(batch)
+        return _decode(batch, recipe.complete_at == "batch_end")
     if not batch:
         return _launch(recipe, view, view.kv.free_blocks)
     target = reserve_tokens(batch)
@@ -110,7 +110,7 @@ def run_padded(recipe: PaddedRecipe, view: ReplicaView) -> BatchPlan:
                    complete_on_release=recipe.complete_at == "batch_end")
 
 
-def _decode(batch: list[SeqView]) -> BatchPlan:
+def _decode(batch: list[SeqView], on_release: bool) -> BatchPlan:
     """One lockstep decode: live members advance, finished ones bill dead-slot rows."""
     longest = max(s.prompt_tokens for s in batch)
     t = max(s.num_generated for s in batch) - 1  # decode steps already run
@@ -121,6 +121,7 @@ def _decode(batch: list[SeqView]) -> BatchPlan:
         context={s.rid: longest + t for s in live if s.num_computed != longest + t},
         padding=tuple((1, longest + t, True) for s in batch if s.finished),
         hold_finished=True,
+        complete_on_release=on_release,
     )
 
 
@@ -138,4 +139,5 @@ def _launch(recipe: PaddedRecipe, view: ReplicaView, free: int) -> BatchPlan:
         padding=tuple((longest - s.prompt_tokens, s.prompt_tokens, False)
                       for s in members if s.prompt_tokens < longest),
         hold_finished=True,
+        complete_on_release=recipe.complete_at == "batch_end",
     )

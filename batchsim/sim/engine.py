@@ -173,6 +173,8 @@ class Replica:
             kv.free(rid)
             if plan.complete_on_release:
                 seq.completion = now
+                if self.on_done is not None:
+                    self.on_done(seq)  # (its response is returned now, with its batch's)
             self.outstanding -= 1
         if plan.reject:
             for rid, reason in plan.reject.items():
@@ -283,7 +285,7 @@ class Replica:
                 seq.finished = True
                 seq.status = COMPLETED
                 seq.completion = now
-                if self.on_done is not None:
+                if self.on_done is not None and not (plan.hold_finished and plan.complete_on_release):
                     self.on_done(seq)  # (its last token is out: the client has its response)
                 if not plan.hold_finished:
                     done.append(seq)

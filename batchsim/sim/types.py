@@ -102,7 +102,9 @@ class BatchPlan:
       policy names them in ``release`` of a later plan.
     - ``release``: finished sequences to let go before the step (KV freed).
       With ``complete_on_release`` their completion time becomes the release
-      time (a static batch returns all its requests when the batch ends).
+      time (a static batch returns all its requests when the batch ends); on a
+      ``hold_finished`` plan it says the same of the sequences it holds (so the
+      engine tells a closed loop's client at the release, not at the last token).
     - ``reject``: rid -> reason, for waiting requests this policy can never
       run (a prompt over its token budget); they leave as rejected.
     - ``idle_until``: when the plan schedules nothing, wake at this time at the

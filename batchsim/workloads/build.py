@@ -39,7 +39,11 @@ def _closed_loop(wl: Workload, cfg: WorkloadConfig, rng: np.random.Generator) ->
     """A closed loop's clients and think times (drawn after the placeholder arrivals, which draw nothing)."""
     if cfg.arrival.process != "closed":
         return wl
-    return replace(wl, closed=ClosedLoop(int(cfg.arrival.concurrency), arrivals.think_times(cfg.arrival, rng, len(wl))))
+    think = arrivals.think_times(cfg.arrival, rng, len(wl))
+    if float(think.sum()) > MAX_ARRIVAL_S:  # a client's sends could reach times where a step no longer advances the clock
+        raise InputError(f"the think times add up to {float(think.sum()):.3g} s; expected at most {MAX_ARRIVAL_S:.3g} s "
+                         "in all (lower think_time_s or num_requests)", "workload.arrival.think_time_s")
+    return replace(wl, closed=ClosedLoop(int(cfg.arrival.concurrency), think))
 
 
 def _build(cfg: WorkloadConfig, base: Path | None, r_arrival, r_prompt, r_output, r_trace, r_prefix) -> Workload:

@@ -387,8 +387,8 @@ class WorkloadConfig(_Model):
                 raise ValueError("duration_s bounds arrival times, which a closed loop makes as it runs; "
                                  "set num_requests (and horizon_s to stop the clock)")
             if self.trace is not None and self.trace_has_arrivals:
-                raise ValueError("a closed loop makes its own arrival times: use a 'lengths' trace "
-                                 "(or trace.arrivals: arrival) with it")
+                raise ValueError("a closed loop makes its own arrival times: use a 'lengths' trace, or a "
+                                 "'vllm_bench' one with trace.arrivals_from: arrival")
         if self.trace is None:
             if self.num_requests is None and self.duration_s is None:
                 raise ValueError("set num_requests or duration_s (or both) for a synthetic workload")
