@@ -108,7 +108,7 @@ def test_non_finite_numbers_are_refused(path, value):
 def test_missing_section_and_missing_union_tag():
     assert scenario_error({}) == "s.yaml: workload: Field required"
     assert scenario_error({"workload": {"num_requests": 2, "arrival": {"rate": 3}}}) == (
-        "s.yaml: workload.arrival: missing 'process'; expected one of poisson, gamma, constant, onoff, diurnal, empirical")
+        "s.yaml: workload.arrival: missing 'process'; expected one of poisson, gamma, constant, onoff, diurnal, empirical, closed")
     assert scenario_error({"workload": {"trace": {"path": "t.csv"}}}) == (
         "s.yaml: workload.trace: missing 'format'; expected one of azure, mooncake, burstgpt, vllm_bench, csv, "
         "jsonl, lengths")
@@ -117,7 +117,7 @@ def test_missing_section_and_missing_union_tag():
 def test_unknown_union_tag_lists_the_choices():
     assert scenario_error({"workload": {"num_requests": 2, "arrival": {"process": "poison", "rate": 1}}}) == (
         "s.yaml: workload.arrival: Input tag 'poison' found using 'process' does not match any of the expected "
-        "tags: 'poisson', 'gamma', 'constant', 'onoff', 'diurnal', 'empirical'")
+        "tags: 'poisson', 'gamma', 'constant', 'onoff', 'diurnal', 'empirical', 'closed'")
 
 
 def test_cross_field_errors_print_both_values_and_every_problem_gets_a_line():
