@@ -32,6 +32,7 @@ def test_launch_pads_to_longest_prompt_and_reserves_padded_kv():
         reserve={0: 15, 1: 15, 2: 15},
         padding=((6, 4, False), (3, 7, False)),
         hold_finished=True,
+        complete_on_release=True,  # (complete_at: batch_end, the default: held until the batch returns)
     )
 
 
@@ -76,9 +77,12 @@ def _run_batch(complete_at: str) -> tuple[list[BatchPlan], list[FakeSeq]]:
 def test_batch_decodes_in_lockstep_billing_dead_slots_then_releases_all():
     plans, seqs = _run_batch("batch_end")
     assert plans == [
-        BatchPlan(num_tokens={0: 2, 1: 4}, reserve={0: 7, 1: 7}, padding=((2, 2, False),), hold_finished=True),
-        BatchPlan(num_tokens={1: 1}, padding=((1, 4, True),), hold_finished=True),
-        BatchPlan(num_tokens={1: 1}, padding=((1, 5, True),), hold_finished=True),
+        BatchPlan(num_tokens={0: 2, 1: 4}, reserve={0: 7, 1: 7}, padding=((2, 2, False),), hold_finished=True,
+                  complete_on_release=True),
+        BatchPlan(num_tokens={1: 1}, padding=((1, 4, True),), hold_finished=True,
+                  complete_on_release=True),
+        BatchPlan(num_tokens={1: 1}, padding=((1, 5, True),), hold_finished=True,
+                  complete_on_release=True),
         BatchPlan(release=(0, 1), complete_on_release=True),
     ]
     assert [s.completion for s in seqs] == [3.0, 3.0]
@@ -94,8 +98,10 @@ def test_live_rows_are_billed_over_the_padded_context():
     for _ in range(4):
         plans.append(policy.schedule(view))
         apply(plans[-1], view)
-    assert plans[1] == BatchPlan(num_tokens={0: 1}, context={0: 4}, padding=((1, 4, True),), hold_finished=True)
-    assert plans[2] == BatchPlan(num_tokens={0: 1}, context={0: 5}, padding=((1, 5, True),), hold_finished=True)
+    assert plans[1] == BatchPlan(num_tokens={0: 1}, context={0: 4}, padding=((1, 4, True),), hold_finished=True,
+                  complete_on_release=True)
+    assert plans[2] == BatchPlan(num_tokens={0: 1}, context={0: 5}, padding=((1, 5, True),), hold_finished=True,
+                  complete_on_release=True)
 
 
 def test_own_token_completion_keeps_each_members_finish_time():
