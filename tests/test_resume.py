@@ -238,7 +238,7 @@ def test_ctrl_c_on_a_process_pool_sweep_exits_at_once(tmp_path):
     130, with one line saying what it kept."""
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "batchsim", "sweep", str(PINNED), "--rates", "0.5,500", "--policies", "continuous,static",
-           "--set", "workload.num_requests=3000", "--set", "engine=python", "--executor", "local",
+           "--set", "workload.num_requests=3000", "--set", "engine=python", "--seeds", "1", "--executor", "local",
            "--workers", "2", "--out", str(out)]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -257,10 +257,12 @@ def test_ctrl_c_on_a_process_pool_sweep_exits_at_once(tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130, err
-    assert err.strip() == f"interrupted: 1 finished point kept in {out / 'points'}; rerun the same command to resume"
+    kept = len(point_files(out))  # (the fast points: how many finished before the signal varies with load)
+    noun = "point" if kept == 1 else "points"
+    assert err.strip() == f"interrupted: {kept} finished {noun} kept in {out / 'points'}; rerun the same command to resume"
     assert "Traceback" not in err and "Traceback" not in stdout
     assert took < 3.0, f"exit took {took:.1f} s after Ctrl-C (the first point took {started:.1f} s)"
-    assert len(point_files(out)) == 1 and not (out / "sweep.csv").exists()
+    assert 1 <= kept < 4 and not (out / "sweep.csv").exists()
     assert len(workers) == 2
     deadline = time.monotonic() + 5
     while any(_alive(int(w)) for w in workers) and time.monotonic() < deadline:
