@@ -19,23 +19,11 @@ from batchsim.app.capacity.planner import PlanSpec, plan, problem_lines, write_p
 from batchsim.app.capacity.search import FAIL, PASS, judge
 from batchsim.app.capacity.worker import pool
 from batchsim.sim.errors import InputError
+from tests.test_plan_runs import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TINY = """\
-name: plan-seeds
-model: llama-3-8b
-hardware: h100-sxm
-policy: {name: continuous, max_num_seqs: 64}
-policy_knobs:
-  chunked_prefill: {max_num_seqs: 64, max_num_batched_tokens: 512}
-workload:
-  num_requests: 100
-  arrival: {process: poisson, rate: 5.0}
-  prompt_tokens: {dist: lognormal, median: 300, p90: 1200, max: 3000}
-  output_tokens: {dist: lognormal, median: 24, p90: 80, max: 160}
-seed: 3
-"""
+# the tiny chat scenario of the plan tests (seed 3)
 SLOS = {"p99_ttft_ms": 500.0, "p99_tpot_ms": 40.0}
 
 

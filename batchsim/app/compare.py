@@ -47,7 +47,7 @@ __all__ = ["DEFAULT_POLICIES", "DEFAULT_SEEDS", "KEEP_KNOBS", "Comparison", "Run
            "parse_policies", "with_policy", "with_seed", "scenario_data", "run_task",
            "simulate_task", "report_info", "write_comparison", "call_text", "policy_config",
            "describe_workload", "knob_text", "POINT_FORMAT", "REPORT_RECORDS", "point_key", "points_folder",
-           "read_point", "write_point", "plain", "clean_point_temps"]
+           "read_point", "write_point", "plain", "clean_point_temps", "run_resumable"]
 
 DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 
@@ -314,6 +314,36 @@ def _output_from(record: dict, frames: dict) -> RunOutput:
                      frames.get("requests"), frames.get("steps"), frames.get("itl"))
 
 
+def run_resumable(task_fn: Callable[[Any], Any], tasks: Sequence[Any], store: Path | None,
+                  read: Callable[[int], Any], keep: Callable[[int, Any], Any], label: str,
+                  describe: Callable[[Any], str], executor: str, workers: int | None,
+                  show_progress: bool | None) -> tuple[list[Any], int]:
+    """The resume loop of compare and sweep: ``(results in task order, how many were simulated)``.
+
+    With a ``store``, task ``i``'s stored result is ``read(i)`` (None: missing); the others run
+    through :func:`batchsim.app.workers.run_tasks`, and each fresh result becomes ``keep(i,
+    result)`` (stored now, so a killed run keeps it, and handed on as it reads back). Ctrl-C
+    raises :class:`batchsim.app.workers.Interrupted` saying how many are kept."""
+    results: list[Any] = [None] * len(tasks)
+    todo: list[int] = []
+    try:
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)  # (an --out that is a file fails here, before any run)
+            clean_point_temps(store)
+            results = [read(i) for i in range(len(tasks))]
+        todo = [i for i, r in enumerate(results) if r is None]
+        if todo:
+            with progress(len(todo), label, show_progress) as advance, \
+                    closing(run_tasks(task_fn, [tasks[i] for i in todo], executor, workers)) as finished:
+                for j, out in finished:
+                    i = todo[j]
+                    results[i] = keep(i, out)
+                    advance(describe(results[i]))
+    except KeyboardInterrupt:
+        raise interrupted(sum(r is not None for r in results) if store is not None else 0, store) from None
+    return results, len(todo)
+
+
 @dataclass
 class Comparison:
     """A finished comparison: per-policy runs (records + summaries) and the header."""
@@ -363,24 +393,17 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
              for p, v in zip(names, variants) for i in range(seeds)]
     store = points_folder(out_dir)
     keys = [point_key("compare", t.scenario, t.base_dir, label=t.label, seed_index=t.seed_index) for t in tasks]
-    results: list[RunOutput | None] = [None] * len(tasks)
-    try:
-        if store is not None:
-            store.mkdir(parents=True, exist_ok=True)  # (an --out that is a file fails here, before any run)
-            clean_point_temps(store)
-            for i, t in enumerate(tasks):
-                found = read_point(store, keys[i], "compare", records=t.keep_records)
-                results[i] = _output_from(*found) if found is not None else None
-        todo = [i for i, r in enumerate(results) if r is None]
-        if todo:
-            with progress(len(todo), f"compare {scenario.name}", show_progress) as advance, \
-                    closing(run_tasks(task_fn, [tasks[i] for i in todo], executor, workers)) as finished:
-                for j, out in finished:
-                    i = todo[j]
-                    results[i] = _stored_output(store, keys[i], tasks[i], out) if store is not None else out
-                    advance(f"{out.label} (seed {scenario.seed + out.seed_index})")
-    except KeyboardInterrupt:
-        raise interrupted(sum(r is not None for r in results) if store is not None else 0, store) from None
+
+    def read(i: int) -> RunOutput | None:
+        found = read_point(store, keys[i], "compare", records=tasks[i].keep_records)
+        return _output_from(*found) if found is not None else None
+
+    def keep(i: int, out: RunOutput) -> RunOutput:
+        return _stored_output(store, keys[i], tasks[i], out) if store is not None else out
+
+    results, simulated = run_resumable(task_fn, tasks, store, read, keep, f"compare {scenario.name}",
+                                       lambda out: f"{out.label} (seed {scenario.seed + out.seed_index})",
+                                       executor, workers, show_progress)
     runs = []
     for k, p in enumerate(names):
         group = results[k * seeds:(k + 1) * seeds]
@@ -389,8 +412,8 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
                               summaries=tuple(r.summary for r in group), meta=first.meta))
     metas = [r.meta for r in runs]
     return Comparison(scenario, runs, report_info(scenario, metas, seeds, "compare"),
-                      [knob_text(k, m) for k, m in zip(knobs, metas)], simulated=len(todo),
-                      reused=len(tasks) - len(todo), points_dir=store)
+                      [knob_text(k, m) for k, m in zip(knobs, metas)], simulated=simulated,
+                      reused=len(tasks) - simulated, points_dir=store)
 
 
 def knob_text(config: dict, meta: dict) -> str:

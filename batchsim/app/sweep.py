@@ -13,7 +13,6 @@ row per point) and the report are written at the end, as one set.
 
 from __future__ import annotations
 
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -21,18 +20,16 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from batchsim.reports.derive import load_window
-from batchsim.reports.progress import progress
 from batchsim.reports.runs import ReportInfo
 from batchsim.reports.stats import aggregate
 from batchsim.reports.tables import csv_frame
 from batchsim.reports.sweep import mark_saturation, saturation_points
-from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, clean_point_temps, knob_text, parse_policies, plain,
-                         point_key, points_folder, policy_config, read_point, report_info, scenario_data,
-                         simulate_task, with_policy, with_seed, write_point)
+from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, knob_text, parse_policies, plain, point_key,
+                                  points_folder, policy_config, read_point, report_info, run_resumable,
+                                  scenario_data, simulate_task, with_policy, with_seed, write_point)
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
 from batchsim.sim.measure import DEFAULT_SEEDS
-from batchsim.app.workers import interrupted, run_tasks
 from batchsim.sim.io import write_csv
 
 __all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "with_rate", "sweep", "sweep_task", "write_sweep",
@@ -149,32 +146,23 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
     store = points_folder(out_dir)
     keys = [point_key("sweep", t.run.scenario, t.run.base_dir, label=t.run.label, rate=t.rate,
                       seed_index=t.run.seed_index) for t in tasks]  # (the row carries its seed index)
-    points: list[SweepPoint | None] = [None] * len(tasks)
-    try:
-        if store is not None:
-            store.mkdir(parents=True, exist_ok=True)  # (an --out that is a file fails here, before any run)
-            clean_point_temps(store)
-            for i in range(len(tasks)):
-                found = read_point(store, keys[i], "sweep")
-                points[i] = SweepPoint(found[0]["row"], found[0]["meta"]) if found is not None else None
-        todo = [i for i, p in enumerate(points) if p is None]
-        if todo:
-            with progress(len(todo), f"sweep {scenario.name}", show_progress) as advance, \
-                    closing(run_tasks(task_fn, [tasks[i] for i in todo], executor, workers)) as finished:
-                for j, point in finished:
-                    i = todo[j]
-                    if store is not None:  # stored now (a killed sweep keeps it), handed on as it reads back
-                        record, _ = write_point(store, keys[i], {
-                            "kind": "sweep", "label": tasks[i].run.label, "rate": tasks[i].rate,
-                            "seed_index": tasks[i].run.seed_index, "scenario": tasks[i].run.scenario,
-                            "row": point.row, "meta": point.meta})
-                        point = SweepPoint(record["row"], record["meta"])
-                    else:
-                        point = SweepPoint(plain(point.row), plain(point.meta))
-                    points[i] = point
-                    advance(f"{point.row['policy']} @ {point.row['rate']:g} req/s")
-    except KeyboardInterrupt:
-        raise interrupted(sum(p is not None for p in points) if store is not None else 0, store) from None
+
+    def read(i: int) -> SweepPoint | None:
+        found = read_point(store, keys[i], "sweep")
+        return SweepPoint(found[0]["row"], found[0]["meta"]) if found is not None else None
+
+    def keep(i: int, point: SweepPoint) -> SweepPoint:
+        if store is None:
+            return SweepPoint(plain(point.row), plain(point.meta))
+        record, _ = write_point(store, keys[i], {
+            "kind": "sweep", "label": tasks[i].run.label, "rate": tasks[i].rate,
+            "seed_index": tasks[i].run.seed_index, "scenario": tasks[i].run.scenario,
+            "row": point.row, "meta": point.meta})
+        return SweepPoint(record["row"], record["meta"])
+
+    points, simulated = run_resumable(task_fn, tasks, store, read, keep, f"sweep {scenario.name}",
+                                      lambda p: f"{p.row['policy']} @ {p.row['rate']:g} req/s",
+                                      executor, workers, show_progress)
     rows = [p.row for p in points]
     metas: dict[str, dict] = {}  # each policy's first point's facts (task order: the same on a resume)
     for p in points:
@@ -184,7 +172,7 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
     info = report_info(scenario, ordered, seeds, "sweep")
     return SweepResult(frame, names, saturation_points(frame), info,
                        [knob_text(k, m) for k, m in zip(knobs, ordered)], runs=pd.DataFrame(rows),
-                       simulated=len(todo), reused=len(tasks) - len(todo), points_dir=store)
+                       simulated=simulated, reused=len(tasks) - simulated, points_dir=store)
 
 
 def point_warnings(frame: pd.DataFrame) -> list[str]:
