@@ -83,6 +83,7 @@ CASES = [(p, {}) for p in ALL] + [
     ("dynamic", {"horizon_s": 9.0, "max_queue_len": 5}),
     ("static", {"horizon_s": 7.0, "policy": {"name": "static", "max_batch_size": 6, "timeout_s": 0.0,
                                              "complete_at": "own_token"}}),
+    *[(p, {"policy": dict(POLICIES[p], admission=a)}) for p in ITERATION for a in ("sequence", "completion")],
 ]
 
 

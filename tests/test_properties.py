@@ -15,17 +15,19 @@ from hypothesis import strategies as st
 from batchsim import policies
 from tests.engine_helpers import ConstantCost, run_engine, workload
 
+ADMISSIONS = st.sampled_from(["step", "step", "sequence", "completion"])
 POLICY_SPECS = st.one_of(
     st.builds(lambda b, t: {"name": "static", "max_batch_size": b, "timeout_s": t},
               st.integers(1, 6), st.sampled_from([0.0, 0.3, 2.0])),
     st.builds(lambda b, d: {"name": "dynamic", "max_batch_size": b, "max_queue_delay_s": d,
                             "preferred_batch_sizes": [1, b] if b > 1 else []},
               st.integers(1, 6), st.sampled_from([0.0, 0.1, 1.0])),
-    st.builds(lambda s, t, m: {"name": "continuous", "max_num_seqs": s, "max_num_batched_tokens": t,
-                               "prefill_mode": m},
-              st.integers(1, 8), st.integers(64, 400), st.sampled_from(["separate", "mixed"])),
-    st.builds(lambda s, t: {"name": "chunked_prefill", "max_num_seqs": s, "max_num_batched_tokens": t},
-              st.integers(1, 8), st.integers(8, 128)),
+    st.builds(lambda s, t, m, a: {"name": "continuous", "max_num_seqs": s, "max_num_batched_tokens": t,
+                                  "prefill_mode": m, "admission": a},
+              st.integers(1, 8), st.integers(64, 400), st.sampled_from(["separate", "mixed"]), ADMISSIONS),
+    st.builds(lambda s, t, a: {"name": "chunked_prefill", "max_num_seqs": s, "max_num_batched_tokens": t,
+                               "admission": a},
+              st.integers(1, 8), st.integers(8, 128), ADMISSIONS),
 )
 
 

@@ -61,6 +61,7 @@ _MOVES = {"decodes": 0, "partial_prefills": 1, "admit": 2, "admit_chunks": 3}
 _UNLESS = {"rows": 1, "preempted": 2, "stalled": 4}
 _ORDERS = {"fcfs": 0, "shortest_prompt_first": 1}
 _VICTIMS = {"last_admitted": 0}
+_ADMISSIONS = {"step": 0, "sequence": 1, "completion": 2}
 _MAX_MOVES, _MAX_PREF = 16, 64
 
 
@@ -72,7 +73,7 @@ class CoreRecipe(ctypes.Structure):
                 ("order", ctypes.c_int64), ("victim", ctypes.c_int64), ("max_num_seqs", ctypes.c_int64),
                 ("max_num_batched_tokens", ctypes.c_int64), ("n_pref", ctypes.c_int64),
                 ("pref", ctypes.c_int64 * _MAX_PREF), ("max_queue_delay_s", ctypes.c_double),
-                ("batch_end", ctypes.c_int64)]
+                ("batch_end", ctypes.c_int64), ("admission", ctypes.c_int64)]
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
 _COMPLETED, _REJECTED = 1, 2
@@ -318,7 +319,10 @@ def recipe_struct(recipe) -> CoreRecipe | str:
         return f"queue order {recipe.order!r} (the core runs {', '.join(_ORDERS)})"
     if recipe.victim not in _VICTIMS:
         return f"victim rule {recipe.victim!r} (the core runs {', '.join(_VICTIMS)})"
+    if recipe.admission not in _ADMISSIONS:
+        return f"admission rule {recipe.admission!r} (the core runs {', '.join(_ADMISSIONS)})"
     rc.n_moves, rc.order, rc.victim = len(recipe.moves), _ORDERS[recipe.order], _VICTIMS[recipe.victim]
+    rc.admission = _ADMISSIONS[recipe.admission]
     rc.max_num_seqs, rc.max_num_batched_tokens = recipe.max_num_seqs, recipe.max_num_batched_tokens
     return rc
 

@@ -44,6 +44,9 @@
 #define ORDER_FCFS 0
 #define ORDER_SPF 1
 #define VICTIM_LAST_ADMITTED 0
+#define ADM_STEP 0        /* IterationRecipe.admission */
+#define ADM_SEQUENCE 1
+#define ADM_COMPLETION 2
 #define MAX_MOVES 16
 #define MAX_PREF 64
 
@@ -59,6 +62,7 @@ typedef struct {
     int64_t pref[MAX_PREF];
     double max_queue_delay_s;
     int64_t batch_end;               /* complete_at == batch_end */
+    int64_t admission;               /* ADM_* */
 } core_recipe_t;
 
 /* The cost model's pricing table (batchsim/calibrate/pricing.py), as batchsim/core/__init__.py's CoreCost hands it over. */
@@ -411,8 +415,9 @@ static int64_t need_blocks(core_t *s, int64_t rid, int64_t total) {
     return need > 0 ? need : 0;
 }
 
-static int try_sched(core_t *s, replica_t *r, builder_t *b, int64_t rid, int64_t q) {
-    int64_t need = need_blocks(s, rid, s->num_computed[rid] + q);
+static int try_sched(core_t *s, replica_t *r, builder_t *b, int64_t rid, int64_t q, int64_t hold) {
+    int64_t total = s->num_computed[rid] + q;
+    int64_t need = need_blocks(s, rid, hold > total ? hold : total);
     if (need > b->free) return 0;
     b->free -= need;
     b->budget -= q;
@@ -457,7 +462,11 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         }
         if (b->slots < 1 || b->budget < 1) return;
         int64_t q = chunked ? (pending < b->budget ? pending : b->budget) : pending;
-        if (q > b->budget || !try_sched(s, r, b, rid, q)) return;
+        if (q > b->budget) return;
+        /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held */
+        int64_t adm = s->rc.admission;
+        if (adm == ADM_SEQUENCE && need_blocks(s, rid, s->num_tokens[rid]) > b->free) return;
+        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? s->prompt[rid] + s->output[rid] : 0)) return;
         b->slots -= 1;
     }
 }
@@ -499,7 +508,7 @@ static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
         int64_t rid = dec[j];
         if (is_pre(s, rid)) continue;
         if (b->budget < 1) break;
-        while (!try_sched(s, r, b, rid, 1)) {
+        while (!try_sched(s, r, b, rid, 1, 0)) {
             /* last_admitted(_unscheduled()): the newest live one neither preempted nor scheduled */
             int64_t v = -1;
             for (int64_t i = r->nrun - 1; i >= 0; i--) {
@@ -522,7 +531,7 @@ static int schedule_partial_prefills(core_t *s, replica_t *r, builder_t *b) {
         int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
         int in_prefill = s->num_generated[rid] == 0 || pending > 1;
         if (!in_prefill || is_pre(s, rid)) continue;
-        if (b->budget < 1 || !try_sched(s, r, b, rid, pending < b->budget ? pending : b->budget)) return 0;
+        if (b->budget < 1 || !try_sched(s, r, b, rid, pending < b->budget ? pending : b->budget, 0)) return 0;
     }
     return 1;
 }
@@ -752,11 +761,14 @@ static int grow_and_shape(core_t *s, replica_t *r) {
     int64_t bT = 0, bqkv = 0, bqq = 0, bkv = 0, bnd = 0, bcd = 0, bs_ = 0;  /* billed */
     int64_t uT = 0, uqkv = 0, uqq = 0, ukv = 0, und = 0, ucd = 0, us_ = 0;  /* useful */
     int64_t rec_decode = 0, billed = r->billed, reserve = r->reserve;
+    int completion = !s->padded && s->rc.admission == ADM_COMPLETION;
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j], q = r->rows_q[j];
         int64_t c = s->num_computed[rid], total = c + q;
         if (q < 1 || total > s->num_tokens[rid]) return CORE_ERR_INTERNAL;
         if (reserve > total) total = reserve;
+        /* admission 'completion': an admission's plan reserve (a running row already holds as much) */
+        if (completion && s->prompt[rid] + s->output[rid] > total) total = s->prompt[rid] + s->output[rid];
         int64_t want = blocks_for(total, s->bs), have = s->held[rid];
         if (want > have) {
             int64_t extra = want - have;
@@ -1377,7 +1389,7 @@ static const char CORE_RULES[] =
     "batchsim.policies.padded.launch_size 053c8f9dfc21\n"
     "batchsim.policies.padded.reserve_tokens 91b498b574bd\n"
     "batchsim.policies.padded.run_padded 301f2dacef6d\n"
-    "batchsim.policies.recipe.IterationRecipe.__post_init__ adf94eadd490\n"
+    "batchsim.policies.recipe.IterationRecipe.__post_init__ 87078a08b94b\n"
     "batchsim.policies.recipe.Move.__post_init__ 77a804de13dc\n"
     "batchsim.policies.recipe.PaddedRecipe.__post_init__ fede5fb47de3\n"
     "batchsim.policies.recipe._one_of 4807f029c567\n"
@@ -1389,17 +1401,17 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.IterationConfig._budget_covers_decodes b4f4625fe70b\n"
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
-    "batchsim.policies.step.StepBuilder.__init__ 3535def14d8e\n"
+    "batchsim.policies.step.StepBuilder.__init__ 6def20680cc3\n"
     "batchsim.policies.step.StepBuilder._preempt 0344c4a94cde\n"
-    "batchsim.policies.step.StepBuilder._try c350f2cf06bb\n"
+    "batchsim.policies.step.StepBuilder._try 9143ee200cbe\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
-    "batchsim.policies.step.StepBuilder.admit f53132c3ecaa\n"
-    "batchsim.policies.step.StepBuilder.plan 48934a4cc90c\n"
+    "batchsim.policies.step.StepBuilder.admit 762386d8a850\n"
+    "batchsim.policies.step.StepBuilder.plan ad355400bb5c\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 810eba15e961\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
-    "batchsim.policies.step.run_iteration 38c0c89ace55\n"
+    "batchsim.policies.step.run_iteration 9e02d6590722\n"
     "batchsim.sim.engine.Cluster.__init__ 51b4e4380b96\n"
     "batchsim.sim.engine.Cluster._arrivals a884ce4b6c0b\n"
     "batchsim.sim.engine.Cluster._client aad5462bdf35\n"
@@ -1571,6 +1583,7 @@ static const char CORE_RULES[] =
     "const:batchsim.calibrate.costmodel.WEIGHT_DTYPES 1c59d451d149\n"
     "const:batchsim.calibrate.costmodel._CACHE_LIMIT 0f255ec16482\n"
     "const:batchsim.calibrate.work.B_ACT d84bdb34d4ee\n"
+    "const:batchsim.policies.recipe.ADMISSIONS 6e85f46c3138\n"
     "const:batchsim.policies.recipe.GUARDS 47136d6471eb\n"
     "const:batchsim.policies.recipe.MOVES dc7bfba81d3f\n"
     "const:batchsim.policies.recipe.ORDERS 28cfbea2e65d\n"
@@ -1596,9 +1609,9 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.base 254f2ca5c98e\n"
     "file:batchsim.policies.ordering 9c8b92013e02\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe 20903749e87b\n"
+    "file:batchsim.policies.recipe a9d48c746cae\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step 4526d3b304a4\n"
+    "file:batchsim.policies.step f011ca01d4ca\n"
     "file:batchsim.sim.engine 20f5b4a44a76\n"
     "file:batchsim.sim.kv ff40597fbfd3\n"
     "file:batchsim.sim.router 3de2b7f0783a\n"

@@ -50,4 +50,5 @@ class ChunkedPrefillPolicy(RecipePolicy):
         """Decodes (with preemption), then partial prefills, then new admissions."""
         cfg = self.config
         return IterationRecipe(moves=MOVES, max_num_seqs=cfg.max_num_seqs,
-                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order)
+                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order,
+                               admission=cfg.admission)

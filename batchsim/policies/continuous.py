@@ -53,4 +53,5 @@ class ContinuousPolicy(RecipePolicy):
         """Prefill-only else decodes (separate), or decodes then prefills (mixed)."""
         cfg = self.config
         return IterationRecipe(moves=MOVES[cfg.prefill_mode], max_num_seqs=cfg.max_num_seqs,
-                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order)
+                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order,
+                               admission=cfg.admission)

@@ -25,6 +25,23 @@ move                   what it schedules (batchsim/policies/step.py, StepBuilder
 ``admit_chunks``       waiting prompts' first chunks, ``min(pending, budget left)``
 =====================  ==========================================================
 
+How much KV an admission must find free is the recipe's ``admission`` rule:
+
+=====================  ==========================================================
+``admission``          a waiting sequence is admitted when the free blocks hold
+=====================  ==========================================================
+``step``               this step's tokens (``num_computed + q``); running
+                       sequences that later cannot grow are preempted (vLLM v0,
+                       Sarathi)
+``sequence``           its whole known sequence (prompt and any generated
+                       tokens), though only this step's tokens are allocated
+                       (vLLM v1 ``scheduler_reserve_full_isl``)
+``completion``         prompt plus ``max_tokens``, all reserved at admission, so
+                       a running sequence never needs a block it does not hold
+                       and is never preempted (TensorRT-LLM
+                       ``GUARANTEED_NO_EVICT``)
+=====================  ==========================================================
+
 Each move appears at most once, and a recipe admits whole prompts or chunks,
 not both: the moves then take disjoint sets of sequences.
 
@@ -43,17 +60,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["Move", "IterationRecipe", "PaddedRecipe", "Recipe", "MOVES", "GUARDS", "ORDERS", "VICTIMS"]
+__all__ = ["Move", "IterationRecipe", "PaddedRecipe", "Recipe", "MOVES", "GUARDS", "ORDERS", "VICTIMS", "ADMISSIONS"]
 
 MoveKind = Literal["decodes", "partial_prefills", "admit", "admit_chunks"]
 Guard = Literal["rows", "preempted", "stalled"]
 Order = Literal["fcfs", "shortest_prompt_first"]
 Victim = Literal["last_admitted"]
+Admission = Literal["step", "sequence", "completion"]
 
 MOVES: tuple[str, ...] = get_args(MoveKind)
 GUARDS: tuple[str, ...] = get_args(Guard)
 ORDERS: tuple[str, ...] = get_args(Order)
 VICTIMS: tuple[str, ...] = get_args(Victim)
+ADMISSIONS: tuple[str, ...] = get_args(Admission)
 
 
 def _one_of(what: str, value, allowed: tuple) -> None:
@@ -83,13 +102,14 @@ class Move:
 
 @dataclass(frozen=True)
 class IterationRecipe:
-    """An iteration-level policy's rules: its moves, limits, queue order and victim rule."""
+    """An iteration-level policy's rules: its moves, limits, queue order, victim and admission rules."""
 
     moves: tuple[Move, ...]
     max_num_seqs: int
     max_num_batched_tokens: int
     order: Order = "fcfs"
     victim: Victim = "last_admitted"
+    admission: Admission = "step"
 
     def __post_init__(self) -> None:
         if not isinstance(self.moves, tuple) or not all(isinstance(m, Move) for m in self.moves):
@@ -105,6 +125,7 @@ class IterationRecipe:
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _one_of("queue order", self.order, ORDERS)
         _one_of("victim rule", self.victim, VICTIMS)
+        _one_of("admission rule", self.admission, ADMISSIONS)
 
 
 @dataclass(frozen=True)

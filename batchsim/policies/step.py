@@ -31,7 +31,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from batchsim.policies.base import PolicyConfig, held_blocks
 from batchsim.policies.ordering import QUEUE_ORDERS, VICTIM_RULES, QueueOrder, last_admitted
-from batchsim.policies.recipe import IterationRecipe
+from batchsim.policies.recipe import Admission, IterationRecipe
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
 
@@ -51,6 +51,11 @@ class IterationConfig(PolicyConfig):
         8192, ge=1, description="Most tokens computed in one step (vLLM --max-num-batched-tokens).")
     order: QueueOrder = Field(
         "fcfs", description="Order in which waiting sequences are tried for admission; preempted ones stay first.")
+    admission: Admission = Field(
+        "step", description="KV an admission must find free: 'step' this step's tokens (preempt later if "
+                            "needed; vLLM v0), 'sequence' the whole prompt so far (vLLM v1 "
+                            "scheduler_reserve_full_isl), 'completion' prompt + max_tokens, reserved at once "
+                            "and never preempted (TensorRT-LLM GUARANTEED_NO_EVICT).")
     enable_prefix_caching: bool = Field(
         False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
                            "--enable-prefix-caching); needs prefix hashes in the workload.")
@@ -68,7 +73,8 @@ class IterationConfig(PolicyConfig):
 
 def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
     """One step of an iteration-level policy: the recipe's moves, in order, under its guards."""
-    step = StepBuilder(view, recipe.max_num_batched_tokens, recipe.max_num_seqs, VICTIM_RULES[recipe.victim])
+    step = StepBuilder(view, recipe.max_num_batched_tokens, recipe.max_num_seqs, VICTIM_RULES[recipe.victim],
+                       recipe.admission)
     stalled = False
     for move in recipe.moves:
         skip = move.unless
@@ -90,8 +96,10 @@ class StepBuilder:
     """Accumulates one step's plan while tracking budget, KV blocks and slots."""
 
     def __init__(self, view: ReplicaView, max_num_batched_tokens: int, max_num_seqs: int,
-                 victim: Callable[[Sequence[SeqView]], SeqView] = last_admitted) -> None:
+                 victim: Callable[[Sequence[SeqView]], SeqView] = last_admitted,
+                 admission: Admission = "step") -> None:
         self.view = view
+        self.admission = admission
         self.cap = max_num_batched_tokens
         self.budget = max_num_batched_tokens
         self.free = view.kv.free_blocks
@@ -100,6 +108,7 @@ class StepBuilder:
         self.preempted: list[int] = []
         self.release: list[int] = []
         self.reject: dict[int, str] = {}
+        self.reserve: dict[int, int] = {}  # (admission 'completion': tokens each admission holds from now)
         for seq in view.running:
             if seq.finished:
                 # NOTE: iteration-level policies never hold finished sequences;
@@ -111,9 +120,10 @@ class StepBuilder:
         self.slots = max_num_seqs - len(self.live)
 
     # -- primitives -------------------------------------------------------
-    def _try(self, seq: SeqView, q: int) -> bool:
-        """Schedule ``q`` tokens of ``seq`` if its KV growth fits; True if it did."""
-        need = self.view.kv.blocks_needed(seq, seq.num_computed + q)
+    def _try(self, seq: SeqView, q: int, hold: int = 0) -> bool:
+        """Schedule ``q`` tokens of ``seq`` if its KV growth (to ``hold`` tokens, if more) fits; True if it did."""
+        total = seq.num_computed + q
+        need = self.view.kv.blocks_needed(seq, hold if hold > total else total)
         if need > self.free:
             return False
         self.free -= need
@@ -174,7 +184,11 @@ class StepBuilder:
         and is rejected. Chunked admissions take ``min(pending, budget left)``.
         Either way a sequence needs a free slot and blocks for
         ``num_computed + q`` tokens; the first that fails stops admission (FCFS).
+        The recipe's ``admission`` rule asks for more: the whole known sequence
+        (``sequence``: checked, only this step's tokens allocated), or prompt
+        plus ``max_tokens`` (``completion``: allocated now, and held).
         """
+        rule, kv = self.admission, self.view.kv
         for seq in candidates:
             if not chunked and seq.pending > self.cap:
                 self.reject[seq.rid] = over_budget(seq.pending, self.cap)
@@ -182,8 +196,19 @@ class StepBuilder:
             if self.slots < 1 or self.budget < 1:
                 return
             q = min(seq.pending, self.budget) if chunked else seq.pending
-            if q > self.budget or not self._try(seq, q):
+            if q > self.budget:
                 return
+            if rule == "step":
+                if not self._try(seq, q):
+                    return
+            elif rule == "sequence":
+                if kv.blocks_needed(seq, seq.num_tokens) > self.free or not self._try(seq, q):
+                    return
+            else:
+                hold = seq.prompt_tokens + seq.max_tokens
+                if not self._try(seq, q, hold):
+                    return
+                self.reserve[seq.rid] = hold
             self.slots -= 1
 
     def plan(self) -> BatchPlan:
@@ -198,4 +223,4 @@ class StepBuilder:
             rank = {s.rid: i for i, s in enumerate(self.live)}
             preempt = tuple(sorted(self.preempted, key=rank.__getitem__))
         return BatchPlan(num_tokens=self.num_tokens, preempt=preempt, release=tuple(self.release),
-                         reject=self.reject)
+                         reject=self.reject, reserve=self.reserve)
