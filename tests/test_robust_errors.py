@@ -23,7 +23,7 @@ from batchsim.sim.errors import InputError
 from batchsim.app.runner import run_scenario
 from batchsim.workloads import WorkloadConfig, build_workload
 
-SCENARIO_FIELDS = ("dtype, engine, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, policy, "
+SCENARIO_FIELDS = ("dtype, engine, engine_preset, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, overheads, policy, "
                    "policy_knobs, replicas, router, seed, slo, tensor_parallel_size, workload")
 W = {"num_requests": 2}
 
@@ -166,7 +166,8 @@ def test_bad_set_overrides(tmp_path, override, expected):
                           "method and a Config subclass of batchsim.policies.base.PolicyConfig"),
     ({"name": "continuous", "max_batch_size": 8},
      "policy.max_batch_size: unknown knob for policy 'continuous' (got 8); expected one of block_size, "
-     "gpu_memory_utilization, max_model_len, max_num_seqs, max_num_batched_tokens, order, enable_prefix_caching, "
+     "gpu_memory_utilization, gpu_memory_utilization_of, max_model_len, max_num_seqs, max_num_batched_tokens, order, "
+         "admission, enable_prefix_caching, "
      "prefill_mode"),
     ({"name": "static", "timeout_s": -1}, "policy.timeout_s: got -1; expected greater than or equal to 0"),
     ({"name": "static", "timeout_s": float("inf")}, "policy.timeout_s: got inf; expected a finite number"),

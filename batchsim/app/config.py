@@ -51,6 +51,43 @@ class MeasureConfig(NoBoolNumbers):
                             "no steps.csv (see batchsim/sim/aggregate.py)")
 
 
+class HostTerms(NoBoolNumbers):
+    """Overrides of the hardware profile's host_overhead terms (batchsim.calibrate.hardware.HostOverhead)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    per_step_us: float | None = Field(None, ge=0)
+    per_seq_us: float | None = Field(None, ge=0)
+    per_decode_step_us: float | None = Field(None, ge=0)
+    per_tp_rank_us: float | None = Field(None, ge=0)
+
+
+class FrontendTerms(NoBoolNumbers):
+    """Overrides of the hardware profile's frontend terms (batchsim.calibrate.hardware.FrontendOverhead)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    per_request_us: float | None = Field(None, ge=0)
+    per_prompt_token_us: float | None = Field(None, ge=0)
+    per_step_us: float | None = Field(None, ge=0)
+    per_output_token_us: float | None = Field(None, ge=0)
+
+
+class OverheadConfig(NoBoolNumbers):
+    """Host and frontend overhead terms that replace the hardware profile's (unset: the profile's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host: HostTerms = Field(default_factory=HostTerms)
+    frontend: FrontendTerms = Field(default_factory=FrontendTerms)
+
+    def updates(self) -> dict[str, dict[str, float]]:
+        """``{host_overhead: {...}, frontend: {...}}`` of the terms set (the profile's field names)."""
+        out = {}
+        for field, terms in (("host_overhead", self.host), ("frontend", self.frontend)):
+            set_ = {k: v for k, v in terms.model_dump().items() if v is not None}
+            if set_:
+                out[field] = set_
+        return out
+
+
 class Scenario(NoBoolNumbers):
     """A whole simulation: model, hardware, cluster, policy, workload."""
 
@@ -58,6 +95,11 @@ class Scenario(NoBoolNumbers):
     name: str = Field("scenario", description="a label for reports")
     model: str = Field("llama-3-8b", description="catalog name or path to a HF config.json")
     hardware: str = Field("h100-sxm", description="hardware profile name or path to a profile YAML")
+    engine_preset: str | None = Field(
+        None, description="a serving engine's documented defaults for the policy section: vllm-v1 | vllm-v0 | "
+                          "sglang | trtllm (batchsim/engines/; the scenario's own policy keys win)")
+    overheads: OverheadConfig = Field(
+        default_factory=OverheadConfig, description="host and frontend overhead terms replacing the profile's")
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     dtype: Literal["bf16", "fp16", "fp8", "int4"] = Field("bf16", description="weight dtype")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = Field("auto", description="KV dtype (auto = dtype, bf16 for int4)")
@@ -214,6 +256,13 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         sc = Scenario.model_validate(data)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source, Scenario)) from None
+    if sc.engine_preset is not None:
+        from batchsim.engines import apply_preset
+
+        try:
+            sc = apply_preset(sc)
+        except InputError as e:
+            raise InputError(e.message, f"{source}: {e.where}" if e.where else source) from None
     _check_block_sizes(sc, source)
     return sc
 

@@ -25,6 +25,7 @@ from batchsim.calibrate.hardware import load_hardware
 from batchsim.calibrate.models import load_model
 from batchsim import __version__, core
 from batchsim.app.config import Scenario
+from batchsim.engines import preset_report
 from batchsim.sim.engine import Cluster, Replica
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.io import write_csv, write_json, write_set
@@ -34,7 +35,8 @@ from batchsim.sim.prefix import PrefixKVCache
 from batchsim.sim.metrics import RunTotals, in_window, summarize
 from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import ItlAggregate, StepTotals
-from batchsim.sim.records import STEP_FIELDS, ItlLog, StepLog, request_frame
+from batchsim.sim.frontend import engine_arrivals
+from batchsim.sim.records import STEP_FIELDS, ItlLog, StepLog, add_latencies, request_frame
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED
 from batchsim.sim.types import Workload
@@ -67,16 +69,36 @@ class RunResult:
     engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
 
 
+_NO_WORKLOAD: Any = object()  # (build_cost: the parts without generating the workload)
+
+
 def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     wl, router = np.random.SeedSequence(seed).spawn(2)
     return np.random.default_rng(wl), np.random.default_rng(router)
+
+
+def _hardware(scenario: Scenario):
+    """The scenario's hardware profile, with its ``overheads`` terms in place of the profile's."""
+    hw = load_hardware(scenario.hardware)
+    updates = scenario.overheads.updates()
+    if not updates:
+        return hw
+    data = hw.model_dump(mode="json")
+    for field, terms in updates.items():
+        data[field] = {**data.get(field, {}), **terms}
+    return type(hw).model_validate(data)
+
+
+def build_cost(scenario: Scenario) -> RooflineCostModel:
+    """The scenario's cost model (what build_parts prices with)."""
+    return build_parts(scenario, workload=_NO_WORKLOAD).cost
 
 
 def build_parts(scenario: Scenario, base_dir: Path | None = None,
                 workload: Workload | None = None) -> Parts:
     """Load the model, hardware and cost model, and generate the workload."""
     model = load_model(scenario.model)
-    hw = load_hardware(scenario.hardware)
+    hw = _hardware(scenario)
     kv_dtype = scenario.kv_cache_dtype
     if kv_dtype == "auto":  # vLLM's auto: KV in the activation dtype, bf16 for quantized weights
         kv_dtype = "fp16" if scenario.dtype == "fp16" else "bf16"
@@ -89,7 +111,9 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
         # NOTE: the cost model names the cost command's --tp; here the size came from the scenario.
         message = e.message.replace(f"tp={tp}", f"tensor_parallel_size={tp}")
         raise InputError(f"{message} for {getattr(model, 'name', scenario.model)}", "tensor_parallel_size") from None
-    if workload is None:
+    if workload is _NO_WORKLOAD:
+        workload = None
+    elif workload is None:
         workload = build_workload(scenario.workload, _seeds(scenario.seed)[0], base_dir)
     meta = {
         "batchsim_version": __version__,
@@ -100,7 +124,7 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
         "tensor_parallel_size": scenario.tensor_parallel_size,
         "dtype": scenario.dtype,
         "replicas": scenario.replicas,
-        "seed": scenario.seed,
+        "seed": scenario.seed, **({"engine_preset": scenario.engine_preset} if scenario.engine_preset else {}),
     }
     return Parts(workload=workload, cost=cost, kv_tokens=cost.kv_capacity_tokens,
                  max_model_len=int(model.max_position_embeddings), meta=meta)
@@ -111,6 +135,8 @@ def kv_limits(cfg) -> dict[str, int]:
     limits = {k: getattr(cfg, k) for k in ("max_num_batched_tokens", "max_num_seqs") if hasattr(cfg, k)}
     if "max_num_seqs" not in limits and hasattr(cfg, "max_batch_size"):
         limits["max_num_seqs"] = cfg.max_batch_size
+    if getattr(cfg, "gpu_memory_utilization_of", "total") != "total":
+        limits["memory_of"] = cfg.gpu_memory_utilization_of
     return limits
 
 
@@ -176,6 +202,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     :class:`~batchsim.sim.engine.Replica` subclass that times real steps.
     """
     aggregate = scenario.measure.records == "aggregate"
+    client_arrival = parts.workload.arrival  # (when the clients sent their requests)
     if aggregate and parts.workload.closed is not None:
         raise InputError("a closed loop makes its arrival times as it runs, and aggregate records pick the "
                          "measured requests by arrival before it starts; use measure.records: full",
@@ -193,6 +220,11 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
             raise
         raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size")) from None
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
+    fe = getattr(parts.cost, "frontend", None)
+    engine_wl = parts.workload  # (what the engine's queue receives: an open loop past the frontend)
+    if fe is not None and engine_wl.closed is None:
+        engine_wl = replace(engine_wl, arrival=engine_arrivals(engine_wl.arrival, engine_wl.prompt_tokens, fe[0], fe[1]))
+        parts = replace(parts, workload=engine_wl)
     why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]), pols[1:])
     use_core = why is None
     if use_core:
@@ -224,6 +256,9 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         engine = {"steps": len(steps), "engine": "python"}
         sent = cluster.arrival  # (a closed loop's send times; inf for requests never sent)
     workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
+    if fe is not None:
+        client = cluster.sent if parts.workload.closed is not None else client_arrival
+        requests = _client_times(requests, client)
     _check_conservation(requests, workload, scenario.horizon_s)
     if aggregate:
         step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
@@ -265,12 +300,30 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         summary.update(_per_replica(requests, scenario.replicas))
     summary["engine"] = "core" if use_core else "python"
     summary["engine_reason"] = why
+    if scenario.overheads.updates() or fe is not None:  # (else the profile's terms, as its name says)
+        summary["overheads"] = overhead_terms(parts.cost)
+    preset = preset_report(scenario)
+    if preset is not None:
+        summary["engine_preset"] = preset
     meta = dict(parts.meta, policy=pols[0].name, kv_blocks=kv0.total_blocks,
                 block_size=kv0.block_size, kv_capacity_tokens=kv0.total_blocks * kv0.block_size)
     summary["provenance"] = provenance(scenario, parts, pols[0], meta, max_len, summary["engine"])
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
     return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
+
+
+def _client_times(requests: pd.DataFrame, sent: np.ndarray) -> pd.DataFrame:
+    """The request records as the clients saw them: ``arrival`` is when a request was sent, and
+    ``frontend_in_s`` how long the frontend took to hand it to the engine (batchsim.sim.frontend);
+    the latencies are recomputed from there (first token and completion are already the client's)."""
+    if not len(requests):
+        return requests.assign(frontend_in_s=np.empty(0))
+    client = np.asarray(sent, dtype=np.float64)[requests["rid"].to_numpy()]
+    requests = requests.copy()
+    requests["frontend_in_s"] = requests["arrival"].to_numpy(dtype=np.float64) - client
+    requests["arrival"] = client
+    return add_latencies(requests)
 
 
 def _closed_loop_warnings(requests: pd.DataFrame, workload: Workload, sent: int) -> list[str]:
@@ -283,6 +336,17 @@ def _closed_loop_warnings(requests: pd.DataFrame, workload: Workload, sent: int)
         out.append(f"{rejected} requests rejected in a closed loop: a rejected request frees its client at once, "
                    "so with little think time rejections come back to back")
     return out
+
+
+def overhead_terms(cost) -> dict | None:
+    """The host and frontend terms the cost model prices with (microseconds), or None for a cost
+    model without a hardware profile."""
+    hw = getattr(cost, "hardware", None)
+    if hw is None:
+        return None
+    host = hw.host_overhead.model_dump()
+    host["per_step_us_at_tp"] = hw.host_overhead.step_us(getattr(cost, "tp", 1))
+    return {"host": host, "frontend": hw.frontend.model_dump()}
 
 
 def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: int, engine: str) -> dict:
@@ -306,7 +370,7 @@ def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: in
         "kv_blocks_per_replica": meta["kv_blocks"], "block_size": meta["block_size"],
         "kv_capacity_tokens_per_replica": meta["kv_capacity_tokens"], "max_model_len": max_len,
         "arrival": wl.get("trace") or wl.get("arrival"), "requests": len(parts.workload),
-        "seed": scenario.seed,
+        "seed": scenario.seed, **({"engine_preset": scenario.engine_preset} if scenario.engine_preset else {}),
     }
 
 

@@ -101,10 +101,29 @@ def summary_table(summaries: list[dict], title: str | None = None) -> Table:
     reasons = sorted({s["engine_reason"] for s in summaries if s.get("engine_reason")})
     if reasons:
         lines.append("SimPy engine: " + "; ".join(reasons))
+    lines += preset_lines(summaries)
     lines += warning_lines(summaries)
     if lines:
         t.caption, t.caption_justify = "\n".join(lines), "left"
     return t
+
+
+def preset_lines(summaries: list[dict]) -> list[str]:
+    """``engine preset <name> (<engine> <version>): k=v, ...``: the knobs a preset set, and those it could not."""
+    out = {}
+    for s in summaries:
+        p = s.get("engine_preset")
+        if not p:
+            continue
+        knobs = p.get("knobs", {})
+        set_ = ", ".join(f"{k}={v['value']}" for k, v in knobs.items() if v.get("from") == "preset")
+        line = f"engine preset {p['name']} ({p['engine']} {p['version']}): {set_ or 'nothing'}"
+        left = [f"{k} ({v['from'].removeprefix('left out: ')})" for k, v in knobs.items()
+                if str(v.get("from", "")).startswith("left out")]
+        if left:
+            line += "; left out: " + ", ".join(left)
+        out[line] = None
+    return list(out)
 
 
 def warning_lines(summaries: list[dict]) -> list[str]:

@@ -132,8 +132,13 @@ class RooflineCostModel:
         self._link_lat = link.latency_us * 1e-6
         host = hardware.host_overhead
         # (per step, per sequence, per step with decode rows: per step + the decode extra)
-        self._host = (host.per_step_us * 1e-6, host.per_seq_us * 1e-6,
-                      host.per_step_us * 1e-6 + host.per_decode_step_us * 1e-6)
+        step_us = host.step_us(tp)
+        self._host = (step_us * 1e-6, host.per_seq_us * 1e-6,
+                      step_us * 1e-6 + host.per_decode_step_us * 1e-6)
+        fe = hardware.frontend
+        # (the engine's frontend terms in seconds: in per request, per prompt token; out per step, per token)
+        self.frontend = (fe.per_request_us * 1e-6, fe.per_prompt_token_us * 1e-6, fe.per_step_us * 1e-6,
+                         fe.per_output_token_us * 1e-6) if fe.active else None
         self._dense_cache: dict[tuple[int, int], tuple] = {}
         self._dense_tokens: dict[int, tuple] = {}  # _dense's totals before the LM head, by tokens
         # per replica: what MFU and MBU divide by
@@ -397,11 +402,13 @@ class RooflineCostModel:
 
     # -- memory ----------------------------------------------------------------
     def kv_capacity_tokens(self, gpu_memory_utilization: float, max_num_batched_tokens: int = 8192,
-                           max_num_seqs: int = 256) -> int:
+                           max_num_seqs: int = 256, memory_of: str = "total") -> int:
         """Tokens of KV cache one replica holds (every shard holds the same tokens).
 
         (memory x utilization - weights/tp - runtime reserve - activations) /
-        KV bytes per token, per GPU. Raises InputError when nothing is left.
+        KV bytes per token, per GPU; with ``memory_of="free"`` (TensorRT-LLM's
+        ``free_gpu_memory_fraction``) utilization x (memory - weights/tp - reserve
+        - activations). Raises InputError when nothing is left.
         """
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise InputError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -410,6 +417,8 @@ class RooflineCostModel:
         reserve = hw.memory_reserve_gib * gib
         act = self.shard.activation_bytes(max_num_batched_tokens, max_num_seqs)
         free = usable - self.weight_bytes_per_gpu - reserve - act
+        if memory_of == "free":
+            free = (hw.memory_bytes - self.weight_bytes_per_gpu - reserve - act) * gpu_memory_utilization
         per_token = self.shard.kv_bytes_per_token
         if free < per_token:
             raise InputError(

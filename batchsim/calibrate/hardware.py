@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from batchsim.calibrate._io import catalog_names, read_mapping, resolve, validate
 
-__all__ = ["OP_CLASSES", "OPERATORS", "Efficiency", "Interconnect", "HostOverhead", "HardwareProfile",
+__all__ = ["OP_CLASSES", "OPERATORS", "Efficiency", "Interconnect", "HostOverhead", "FrontendOverhead", "HardwareProfile",
            "load_hardware", "hardware_names", "save_hardware"]
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -105,6 +105,36 @@ class HostOverhead(BaseModel):
     # NOTE: an eager decode attention launches several kernels more than a prefill's (gather,
     # mask, SDPA): on the H200 of docs/validation.md decode steps took ~2 ms more host time
     per_decode_step_us: float = Field(0.0, ge=0, description="more per step that has decode rows")
+    # NOTE: with TP > 1 the scheduler's output is broadcast to every worker each step (vLLM's
+    # shared-memory message queue, SGLang's and TRT-LLM's per-rank executors): time per extra rank.
+    per_tp_rank_us: float = Field(0.0, ge=0, description="more per step for each tensor-parallel rank past the first")
+
+    def step_us(self, tp: int) -> float:
+        """The per-step term at tensor-parallel size ``tp``."""
+        return self.per_step_us + self.per_tp_rank_us * (tp - 1) if self.per_tp_rank_us else self.per_step_us
+
+
+class FrontendOverhead(BaseModel):
+    """The serving frontend's time outside the engine's steps (batchsim.sim.frontend).
+
+    In: a request is received and tokenized by one frontend process, in order of arrival, before
+    the engine can queue it (``per_request_us + per_prompt_token_us * prompt``). Out: each step's
+    new tokens are detokenized and streamed by that process, in step order, before the client has
+    them (``per_step_us + per_output_token_us * tokens``). Zero for every datasheet profile: the
+    engines document the processes (docs/engine-presets-research.md, Topic D), not their timings;
+    ``batchsim calibrate --from-bench`` fits them from the user's own benchmark.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    per_request_us: float = Field(0.0, ge=0, description="receive, parse, route: per request")
+    per_prompt_token_us: float = Field(0.0, ge=0, description="tokenize: per prompt token")
+    per_step_us: float = Field(0.0, ge=0, description="output processing: per engine step that emits tokens")
+    per_output_token_us: float = Field(0.0, ge=0, description="detokenize and stream: per token emitted")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.per_request_us or self.per_prompt_token_us or self.per_step_us or self.per_output_token_us)
 
 
 class HardwareProfile(BaseModel):
@@ -122,6 +152,7 @@ class HardwareProfile(BaseModel):
     interconnect: Interconnect
     launch_latency_us: float = Field(ge=0, description="per-kernel launch gap")
     host_overhead: HostOverhead
+    frontend: FrontendOverhead = Field(default_factory=FrontendOverhead)
     memory_reserve_gib: float = Field(1.0, ge=0, le=1e6, description="CUDA context, workspaces, graphs")
     efficiency: dict[str, Efficiency] = Field(
         description="one entry per operator class; optionally per operator name (overrides its class)")

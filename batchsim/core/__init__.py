@@ -48,7 +48,7 @@ import pandas as pd
 
 from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
-from batchsim.sim.records import REQUEST_COLUMNS, request_frame
+from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, request_frame
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
 __all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error", "library_path", "packaged_libraries"]
@@ -447,7 +447,8 @@ class CoreParams(ctypes.Structure):
 
     _fields_ = ([(k, ctypes.c_int64) for k in ("n_req", "n_rep", "block_size", "max_model_len", "max_queue_len",
                                               "router", "has_horizon", "step_cap", "gap_cap")]
-                + [("horizon", ctypes.c_double)])
+                + [("horizon", ctypes.c_double), ("has_frontend", ctypes.c_int64), ("out_step", ctypes.c_double),
+                   ("out_token", ctypes.c_double)])
 
 
 def _fill_curve(c: CoreCurve, t, keep: list) -> None:
@@ -625,6 +626,9 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
                         max_queue_len=-1 if max_queue_len is None else max_queue_len, router=_ROUTERS[router],
                         has_horizon=int(horizon is not None), step_cap=step_cap, gap_cap=gap_cap,
                         horizon=0.0 if horizon is None else float(horizon))
+    fe = getattr(cost, "frontend", None)
+    if fe is not None:
+        params.has_frontend, params.out_step, params.out_token = 1, fe[2], fe[3]
     keep: list = []
     costs = cost_struct(cost.pricing_table(), keep)
     arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
@@ -675,8 +679,6 @@ def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, 
     output = workload.output_tokens[:k].astype(np.int64)
     done = status == _COMPLETED
     completion = np.where(done, comp, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(done & ~np.isnan(first) & (output > 1), (completion - first) / (output - 1), np.nan)
     reasons = np.full(k, "", dtype=object)
     for rid in np.flatnonzero(status == _REJECTED).tolist():
         reasons[rid] = _reason(int(reason[rid]), int(rval[rid]), recipe, max_model_len, kv_blocks[int(rep[rid])],
@@ -689,10 +691,10 @@ def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, 
         "status": np.array(_STATUS, dtype=object)[status], "reason": reasons,
         "arrival": arrival, "prompt_tokens": workload.prompt_tokens[:k].astype(np.int64), "output_tokens": output,
         "generated_tokens": gen.copy(), "admitted": adm, "first_token": first.copy(), "last_token": last.copy(),
-        "completion": completion, "ttft": first - arrival, "tpot": tpot, "e2el": completion - arrival,
+        "completion": completion, "ttft": np.nan, "tpot": np.nan, "e2el": np.nan,
         "max_itl": mx.copy(), "preemptions": pre.copy(), "cached_tokens": np.zeros(k, dtype=np.int64),
     }
-    return pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS})
+    return add_latencies(pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS}))
 
 
 def _reason(code: int, value: int, recipe, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:

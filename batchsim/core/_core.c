@@ -96,6 +96,8 @@ typedef struct {  /* PricingTable (+ DenseTable when dense_in_c) */
 typedef struct {
     int64_t n_req, n_rep, block_size, max_model_len, max_queue_len, router, has_horizon, step_cap, gap_cap;
     double horizon;
+    int64_t has_frontend;         /* the cost model's frontend terms (batchsim/sim/frontend.py) */
+    double out_step, out_token;   /* delivered_at's per-step and per-token seconds */
 } core_params_t;
 
 #define R_ROUND_ROBIN 0
@@ -198,6 +200,7 @@ typedef struct {
     int64_t nrel;
     int complete_on_release, hold_finished;
     int64_t reserve;  /* KV tokens reserved per launched member (0: none) */
+    double out_free;  /* when the frontend has streamed every earlier step's tokens */
     int64_t billed;   /* decode rows' billed context (-1: none) */
     int64_t nbilled;  /* rows whose billed context differs from their own */
     int64_t *pad_q, *pad_kv, *pad_s;
@@ -224,6 +227,8 @@ typedef struct {
     int padded, sfp;   /* rc.padded, rc.order == ORDER_SPF */
     int has_horizon;
     double horizon;
+    int has_frontend;
+    double out_step, out_token;
     int64_t step_cap, gap_cap;
     int64_t max_rows;  /* most rows a step can have: min(max_num_seqs or max_batch_size, requests) */
     /* cost model */
@@ -695,7 +700,8 @@ static int apply_admission(core_t *s, replica_t *r) {
         remove_running(r, rid);
         s->running[rid] = 0;
         kv_free(s, r, rid);
-        if (r->complete_on_release) s->completion[rid] = s->now;
+        if (r->complete_on_release)  /* (the frontend may still be streaming its last token) */
+            s->completion[rid] = s->last_token[rid] > s->now ? s->last_token[rid] : s->now;
         r->outstanding--;
     }
     for (int64_t j = 0; j < r->nrej; j++) {
@@ -969,9 +975,14 @@ static int price(core_t *s, replica_t *r) {
 }
 
 static void advance_and_record(core_t *s, replica_t *r, int ri) {
-    /* Replica._advance then Replica._record */
-    double now = s->now;
+    /* Replica._advance then Replica._record; tokens are stamped when their clients have them
+     * (batchsim/sim/frontend.py delivered_at) */
+    double now = s->now, end = now;
     int64_t ndone = 0;
+    if (s->has_frontend && r->use.sampled) {
+        double start = now > r->out_free ? now : r->out_free;
+        now = r->out_free = start + s->out_step + s->out_token * (double)r->use.sampled;
+    }
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j], q = r->rows_q[j];
         int64_t c = s->num_computed[rid] + q;
@@ -1016,7 +1027,7 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
     double *f = r->sf;
     int64_t *n = r->si;
     f[0 * cap + i] = r->start;
-    f[1 * cap + i] = now;
+    f[1 * cap + i] = end;
     f[2 * cap + i] = r->c_flops;
     f[3 * cap + i] = r->c_useful;
     f[4 * cap + i] = r->c_bytes;
@@ -1203,6 +1214,7 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
     s->n_req = pa->n_req; s->n_rep = pa->n_rep; s->bs = pa->block_size; s->max_model_len = pa->max_model_len;
     s->max_queue_len = pa->max_queue_len; s->router = pa->router; s->has_horizon = (int)pa->has_horizon;
     s->horizon = pa->horizon; s->step_cap = pa->step_cap; s->gap_cap = pa->gap_cap;
+    s->has_frontend = (int)pa->has_frontend; s->out_step = pa->out_step; s->out_token = pa->out_token;
     s->L = co->layers; s->h = co->heads; s->dh = co->head_dim; s->tp = co->tp;
     s->L4 = (double)co->layers * 4.0; s->kv_elt = co->kv_elt; s->qo = co->qo; s->peak = co->peak; s->bw = co->bw;
     s->l_launch = co->attn_launch; s->host0 = co->host_step; s->host1 = co->host_seq; s->host0d = co->host_decode_step;
@@ -1328,7 +1340,7 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
 /* BEGIN RULES FINGERPRINT (python -m batchsim.core.rules --update) */
 /* The rules this core implements: one hash per function (batchsim/core/rules.py). */
 static const char CORE_RULES[] =
-    "batchsim.calibrate.costmodel.RooflineCostModel.__init__ add12f0cd290\n"
+    "batchsim.calibrate.costmodel.RooflineCostModel.__init__ cd3d8b05f38b\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._allreduce 0e8beb5fdfda\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._dense 095d6eaf860b\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._dense_table 94d98d6facbf\n"
@@ -1343,7 +1355,7 @@ static const char CORE_RULES[] =
     "batchsim.calibrate.costmodel.RooflineCostModel.dense_totals 4c1c40a27807\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.gemm_seconds 871fc4f69c7b\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.kv_capacity_blocks b71e2e48ad95\n"
-    "batchsim.calibrate.costmodel.RooflineCostModel.kv_capacity_tokens 67b09bc59986\n"
+    "batchsim.calibrate.costmodel.RooflineCostModel.kv_capacity_tokens 70324763b449\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.price 8df81ecb09b7\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.pricing_table 4fa7c0e6b22d\n"
     "batchsim.calibrate.costmodel._denominator 54f69c7d7444\n"
@@ -1412,18 +1424,18 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
     "batchsim.policies.step.run_iteration 9e02d6590722\n"
-    "batchsim.sim.engine.Cluster.__init__ 51b4e4380b96\n"
+    "batchsim.sim.engine.Cluster.__init__ 967bcdab247d\n"
     "batchsim.sim.engine.Cluster._arrivals a884ce4b6c0b\n"
-    "batchsim.sim.engine.Cluster._client aad5462bdf35\n"
+    "batchsim.sim.engine.Cluster._client 5edfb01de49a\n"
     "batchsim.sim.engine.Cluster._end 2fedc2ec967d\n"
-    "batchsim.sim.engine.Cluster._send cf0790b7b4d0\n"
-    "batchsim.sim.engine.Replica.__init__ aebe859c7029\n"
-    "batchsim.sim.engine.Replica._admit ef3f561c96aa\n"
-    "batchsim.sim.engine.Replica._advance 3013ef123fe7\n"
+    "batchsim.sim.engine.Cluster._send 732ffe203a5c\n"
+    "batchsim.sim.engine.Replica.__init__ 35c091e07285\n"
+    "batchsim.sim.engine.Replica._admit 54312f09d395\n"
+    "batchsim.sim.engine.Replica._advance 395f47e9023f\n"
     "batchsim.sim.engine.Replica._check_names 7e4e20bd1ce3\n"
     "batchsim.sim.engine.Replica._grow_and_shape cc754fc57070\n"
     "batchsim.sim.engine.Replica._idle f5ada59026bc\n"
-    "batchsim.sim.engine.Replica._loop cf6742433aba\n"
+    "batchsim.sim.engine.Replica._loop b04cc02e6a55\n"
     "batchsim.sim.engine.Replica._peek f05a35a4f760\n"
     "batchsim.sim.engine.Replica._record 2fe2cc00c58f\n"
     "batchsim.sim.engine.Replica._take_from_waiting 7868674d9ab0\n"
@@ -1435,6 +1447,9 @@ static const char CORE_RULES[] =
     "batchsim.sim.engine.over_kv eab0f554f755\n"
     "batchsim.sim.engine.queue_full 8e4b1697f65d\n"
     "batchsim.sim.engine.too_long 4ba2fcb68d87\n"
+    "batchsim.sim.frontend.delivered_at e0f2dbde6378\n"
+    "batchsim.sim.frontend.engine_arrivals 5a326878031d\n"
+    "batchsim.sim.frontend.tokenized_at 1a7a2034f0b2\n"
     "batchsim.sim.kv.PagedKVCache.__init__ 132f3c854e92\n"
     "batchsim.sim.kv.PagedKVCache.blocks_held 5ebdd9f0383f\n"
     "batchsim.sim.kv.PagedKVCache.blocks_needed daee28452576\n"
@@ -1557,9 +1572,14 @@ static const char CORE_RULES[] =
     "bind:batchsim.sim.engine.StepShape 5ae1a1c2ee95\n"
     "bind:batchsim.sim.engine.Workload 0b6e6dc837fe\n"
     "bind:batchsim.sim.engine._View 5c88918de13b\n"
+    "bind:batchsim.sim.engine.delivered_at 44af6fc830b7\n"
     "bind:batchsim.sim.engine.over_kv 1b1d49467bab\n"
     "bind:batchsim.sim.engine.queue_full 1144ca15bc74\n"
+    "bind:batchsim.sim.engine.tokenized_at 7fc6e82ca0c8\n"
     "bind:batchsim.sim.engine.too_long 5561bfe3c984\n"
+    "bind:batchsim.sim.frontend.delivered_at 44af6fc830b7\n"
+    "bind:batchsim.sim.frontend.engine_arrivals 3cf79822ad44\n"
+    "bind:batchsim.sim.frontend.tokenized_at 7fc6e82ca0c8\n"
     "bind:batchsim.sim.kv.InputError c37b31e3db20\n"
     "bind:batchsim.sim.kv.KVExhausted b1114f48a8a0\n"
     "bind:batchsim.sim.kv.PagedKVCache 0748130da1c1\n"
@@ -1603,16 +1623,17 @@ static const char CORE_RULES[] =
     "entry:batchsim.sim.router.ROUTERS[least_outstanding] c35769512374\n"
     "entry:batchsim.sim.router.ROUTERS[power_of_two] bfa930e5b1a9\n"
     "entry:batchsim.sim.router.ROUTERS[round_robin] 7e5ba5bac6a5\n"
-    "file:batchsim.calibrate.costmodel 99237cff34f9\n"
+    "file:batchsim.calibrate.costmodel 85e0bd60f652\n"
     "file:batchsim.calibrate.curves 088d0215b6d7\n"
     "file:batchsim.calibrate.work 0e7711d20b35\n"
-    "file:batchsim.policies.base 254f2ca5c98e\n"
+    "file:batchsim.policies.base 3ab778e584ef\n"
     "file:batchsim.policies.ordering 9c8b92013e02\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
     "file:batchsim.policies.recipe a9d48c746cae\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
     "file:batchsim.policies.step f011ca01d4ca\n"
-    "file:batchsim.sim.engine 20f5b4a44a76\n"
+    "file:batchsim.sim.engine c5083aed3f0a\n"
+    "file:batchsim.sim.frontend b10bfef985d9\n"
     "file:batchsim.sim.kv ff40597fbfd3\n"
     "file:batchsim.sim.router 3de2b7f0783a\n"
     "file:batchsim.sim.state 95a85124d6db\n"

@@ -44,7 +44,7 @@ __all__ = ["RULE_MODULES", "fingerprint", "quick_fingerprint", "differences", "c
 RULE_MODULES = (
     "batchsim.policies.base", "batchsim.policies.ordering", "batchsim.policies.recipe", "batchsim.policies.rules", "batchsim.policies.step",
     "batchsim.policies.padded", "batchsim.sim.engine", "batchsim.sim.kv", "batchsim.sim.state", "batchsim.sim.router", "batchsim.sim.types",
-    "batchsim.calibrate.costmodel", "batchsim.calibrate.curves", "batchsim.calibrate.work",
+    "batchsim.calibrate.costmodel", "batchsim.calibrate.curves", "batchsim.calibrate.work", "batchsim.sim.frontend",
 )
 
 # Modules that wire the rules together for the SimPy engine (the runner builds replicas, caches and

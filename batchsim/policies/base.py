@@ -13,7 +13,7 @@ every policy counts blocks the same way the engine's allocator does.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,10 @@ class PolicyConfig(BaseModel):
         description="Fraction of device memory the replica may use; what is left after weights holds KV "
                     "(vLLM --gpu-memory-utilization).",
     )
+    gpu_memory_utilization_of: Literal["total", "free"] = Field(
+        "total", description="What gpu_memory_utilization is a fraction of: 'total' device memory (vLLM, "
+                             "SGLang) or the memory 'free' after weights, runtime reserve and activations "
+                             "(TensorRT-LLM free_gpu_memory_fraction).")
     max_model_len: int | None = Field(
         None, ge=1,
         description="Longest prompt + output a request may have; None takes the model's context length "

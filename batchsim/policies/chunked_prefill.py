@@ -8,11 +8,15 @@ in admission order, then to new admissions in queue order, each taking
 steps and never freezes the running decodes. Nobody new is admitted when a
 running prefill stalled (it would be overtaken) or when the step preempted
 (vLLM v1: the victims would thrash).
+
+``prefill_mode: separate`` is SGLang's default instead (``enable_mixed_chunk=False``,
+"run prefill first if possible"): a step holds prefill chunks only, under the same budget, and
+running decodes step only when no prefill chunk is scheduled.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -24,11 +28,18 @@ from batchsim.policies.step import IterationConfig
 
 __all__ = ["ChunkedPrefillConfig", "ChunkedPrefillPolicy", "MOVES"]
 
-MOVES: tuple[Move, ...] = (
-    Move("decodes"),
-    Move("partial_prefills"),
-    Move("admit_chunks", unless=("stalled", "preempted")),
-)
+MOVES: dict[str, tuple[Move, ...]] = {
+    "mixed": (
+        Move("decodes"),
+        Move("partial_prefills"),
+        Move("admit_chunks", unless=("stalled", "preempted")),
+    ),
+    "separate": (
+        Move("partial_prefills"),
+        Move("admit_chunks", unless=("stalled",)),
+        Move("decodes", unless=("rows",)),
+    ),
+}
 
 
 class ChunkedPrefillConfig(IterationConfig):
@@ -37,6 +48,9 @@ class ChunkedPrefillConfig(IterationConfig):
     max_num_batched_tokens: int = Field(
         512, ge=1, description="Token budget of one step, decodes plus prefill chunks "
                                "(vLLM --max-num-batched-tokens; Sarathi's chunk size).")
+    prefill_mode: Literal["mixed", "separate"] = Field(
+        "mixed", description="'mixed': decodes and prefill chunks share a step (vLLM v1, Sarathi); "
+                             "'separate': prefill-chunk steps first, decode steps when none is due (SGLang).")
 
 
 @register("chunked_prefill")
@@ -49,6 +63,6 @@ class ChunkedPrefillPolicy(RecipePolicy):
     def make_recipe(self) -> IterationRecipe:
         """Decodes (with preemption), then partial prefills, then new admissions."""
         cfg = self.config
-        return IterationRecipe(moves=MOVES, max_num_seqs=cfg.max_num_seqs,
+        return IterationRecipe(moves=MOVES[cfg.prefill_mode], max_num_seqs=cfg.max_num_seqs,
                                max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order,
                                admission=cfg.admission)

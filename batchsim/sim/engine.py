@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import simpy
 
+from batchsim.sim.frontend import delivered_at, tokenized_at
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.protocols import CostModel, Policy, PolicyError
 from batchsim.sim.records import ItlLog, StepLog
@@ -68,6 +69,8 @@ class Replica:
         self.outstanding = 0  # admitted to this replica and not yet done (what routers balance)
         self.on_done: Callable[[Seq], None] | None = None  # told when a request ends (a closed loop's clients)
         self._admissions = 0
+        self._frontend = getattr(cost, "frontend", None)  # (in, in per token, out per step, out per token) s
+        self._out_free = 0.0  # when the frontend has streamed every earlier step's tokens
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
 
@@ -119,7 +122,7 @@ class Replica:
             cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             yield env.timeout(cost.seconds)
-            self._advance(plan)
+            self._advance(plan, (useful if useful is not None else shape).sampled)
             self._record(plan, shape, cost, useful_flops, start, preempted)
 
     def price(self, plan: BatchPlan, shape: StepShape):
@@ -172,7 +175,8 @@ class Replica:
             seq.is_running = False
             kv.free(rid)
             if plan.complete_on_release:
-                seq.completion = now
+                last = seq.last_token  # (the frontend may still be streaming its last token)
+                seq.completion = last if last is not None and last > now else now
                 if self.on_done is not None:
                     self.on_done(seq)  # (its response is returned now, with its batch's)
             self.outstanding -= 1
@@ -255,9 +259,13 @@ class Replica:
         kv_all = np.concatenate([kv_arr, np.array([p[1] for p in pad], dtype=np.int64)])
         return StepShape(q=q_all, kv=kv_all, sampled=sampled + sum(1 for p in pad if p[2])), useful
 
-    def _advance(self, plan: BatchPlan) -> None:
-        """Apply a finished step: tokens advance, stamps, completions."""
+    def _advance(self, plan: BatchPlan, sampled: int) -> None:
+        """Apply a finished step: tokens advance, stamps (when the client has the ``sampled``
+        tokens: batchsim.sim.frontend.delivered_at), completions."""
         now, seqs = self.env.now, self.seqs
+        fe = self._frontend
+        if fe is not None and sampled:
+            now = self._out_free = delivered_at(now, self._out_free, sampled, fe[2], fe[3])
         prefix = self.kv.prefix_caching
         done, gap_rids, gaps = [], [], []
         for rid, q in plan.num_tokens.items():
@@ -321,13 +329,16 @@ class Cluster:
         self.env, self.replicas, self.route = env, list(replicas), route
         self.workload, self.max_queue_len = workload, max_queue_len
         self.requests: list[Seq] = []
-        # when each request was sent: the workload's times, or (a closed loop) as the clients send them
+        # when each request reached the engine: the workload's times, or (a closed loop) as the clients
+        # send them, past the frontend; ``sent``: when its client sent it
         self.arrival = np.full(len(workload), np.inf) if workload.closed is not None else workload.arrival
+        self.sent = np.full(len(workload), np.inf) if workload.closed is not None else workload.arrival
         if workload.closed is None:
             env.process(self._arrivals())
         else:
             self._ended: dict[int, simpy.Event] = {}
             self._next = 0
+            self._in_free = -np.inf
             for r in self.replicas:
                 r.on_done = self._end
             for _ in range(min(workload.closed.concurrency, len(workload))):
@@ -342,7 +353,7 @@ class Cluster:
                 yield env.timeout(t - env.now)
             self._send(rid, t)
 
-    def _send(self, rid: int, t: float) -> None:
+    def _send(self, rid: int, t: float) -> Seq:
         w = self.workload
         hashes = w.prefix_hashes
         seq = Seq(rid, t, int(w.prompt_tokens[rid]), int(w.output_tokens[rid]),
@@ -352,20 +363,30 @@ class Cluster:
         if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
             seq.replica = replica.index
             replica.reject(seq, queue_full(self.max_queue_len))
-            return
+            return seq
         replica.enqueue(seq)
+        return seq
 
     # -- a closed loop ---------------------------------------------------------
     def _client(self):
-        """One client: send the next unsent request, wait for it to end, think, repeat."""
+        """One client: send the next unsent request, wait for its response, think, repeat."""
         env, think = self.env, self.workload.closed.think_s
+        fe = getattr(self.replicas[0].cost, "frontend", None) if self.replicas else None
         while self._next < len(self.workload):
             rid = self._next
             self._next += 1
             ended = self._ended[rid] = env.event()
+            self.sent[rid] = env.now
+            if fe is not None:  # (through the frontend first: batchsim.sim.frontend)
+                at = self._in_free = tokenized_at(env.now, int(self.workload.prompt_tokens[rid]), self._in_free,
+                                                  fe[0], fe[1])
+                if at > env.now:
+                    yield env.timeout(at - env.now)
             self.arrival[rid] = env.now
-            self._send(rid, env.now)
+            seq = self._send(rid, env.now)
             yield ended
+            if seq.completion is not None and seq.completion > env.now:  # (still streaming)
+                yield env.timeout(seq.completion - env.now)
             wait = float(think[rid])
             if wait > 0:
                 yield env.timeout(wait)

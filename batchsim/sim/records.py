@@ -14,7 +14,7 @@ import pandas as pd
 
 from batchsim.sim.state import COMPLETED, Seq
 
-__all__ = ["Columns", "StepLog", "ItlLog", "STEP_FIELDS", "request_frame"]
+__all__ = ["Columns", "StepLog", "ItlLog", "STEP_FIELDS", "request_frame", "add_latencies"]
 
 # (name, dtype) of every per-step column, in steps.csv order.
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
@@ -163,22 +163,34 @@ REQUEST_COLUMNS = (
 )
 
 
+def add_latencies(df: pd.DataFrame) -> pd.DataFrame:
+    """Set ``ttft``, ``tpot`` and ``e2el`` (seconds, NaN where there is none) from the frame's
+    ``arrival``, ``first_token``, ``completion`` (NaN unless completed) and ``output_tokens``:
+    the one statement of the per-request latencies (docs: DESIGN.md, metrics)."""
+    arrival = df["arrival"].to_numpy(dtype=np.float64)
+    first = df["first_token"].to_numpy(dtype=np.float64)
+    comp = df["completion"].to_numpy(dtype=np.float64)
+    out = df["output_tokens"].to_numpy(dtype=np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df["ttft"] = first - arrival
+        df["tpot"] = np.where(~np.isnan(comp) & ~np.isnan(first) & (out > 1), (comp - first) / (out - 1), np.nan)
+        df["e2el"] = comp - arrival
+    return df
+
+
 def request_frame(seqs: Iterable[Seq]) -> pd.DataFrame:
     """One row per request, sorted by rid; latencies in seconds (NaN if none)."""
     rows = []
     for s in seqs:
         ft = s.first_token
         comp = s.completion if s.status == COMPLETED else None
-        ttft = ft - s.arrival if ft is not None else np.nan
-        e2el = comp - s.arrival if comp is not None else np.nan
-        tpot = ((comp - ft) / (s.output_tokens - 1)
-                if comp is not None and ft is not None and s.output_tokens > 1 else np.nan)
         rows.append((
             s.rid, s.replica, s.status, s.reason, s.arrival, s.prompt_tokens, s.output_tokens,
             s.num_generated, np.nan if s.admitted is None else s.admitted,
             np.nan if ft is None else ft, np.nan if s.last_token is None else s.last_token,
-            np.nan if comp is None else comp, ttft, tpot, e2el, s.max_itl, s.num_preemptions,
+            np.nan if comp is None else comp, np.nan, np.nan, np.nan, s.max_itl, s.num_preemptions,
             s.cached_tokens,
         ))
     df = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
-    return df.sort_values("rid", kind="stable").reset_index(drop=True)
+    df = df.sort_values("rid", kind="stable").reset_index(drop=True)
+    return add_latencies(df) if len(df) else df

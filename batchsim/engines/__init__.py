@@ -1,0 +1,195 @@
+"""Engine presets: a real serving engine's documented defaults, as scenario defaults.
+
+``engine_preset: vllm-v1 | vllm-v0 | sglang | trtllm`` in a scenario fills the ``policy``
+section with what that engine does when its user sets nothing: which batching policy its
+scheduler is (chunked prefill mixed with decodes, prefill-first steps, whole prompts), its
+limits, KV block size, memory fraction and admission rule. Each preset is one YAML file
+here whose every knob names the source line it was read in (the engine's own code, at the
+release the file names); docs/engine-presets-research.md has the reading notes and
+docs/fidelity.md what the presets leave out.
+
+Keys the scenario sets itself win. A knob the scenario's policy does not take (a preset made
+for chunked prefill, a scenario that runs ``static``) is left out, and the run's summary says
+so: :func:`preset_report` lists every knob with its value in effect and where it came from
+(``preset`` or ``scenario``), plus the preset's notes.
+
+Knobs may depend on the deployment, as the engines' own defaults do: ``rules`` pick a value
+by the device's memory (and name), ``derive`` computes one from the model and KV pool, and
+``when: prefix_hashes`` turns prefix caching on only for a workload that names shared
+prefixes (without them batchsim cannot tell which prompts share KV).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from batchsim.sim.errors import InputError
+
+__all__ = ["PRESETS", "Preset", "load_preset", "apply_preset", "preset_report"]
+
+_DIR = Path(__file__).parent
+PRESETS: tuple[str, ...] = tuple(sorted(p.stem for p in _DIR.glob("*.yaml")))
+
+
+class Rule(BaseModel):
+    """A device-dependent value: applies when the device has at least ``min_memory_gib`` and its
+    name contains none of ``except_names``; the last rule that applies wins."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_memory_gib: float = Field(ge=0)
+    except_names: tuple[str, ...] = ()
+    value: Any
+
+
+class Knob(BaseModel):
+    """One policy knob of a preset: its value (or how it is derived) and where it was read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    value: Any = None
+    rules: tuple[Rule, ...] = ()
+    derive: Literal["max_model_len_at_least_2048", "sglang_max_running_requests"] | None = None
+    when: Literal["prefix_hashes"] | None = None
+    source: str = Field(min_length=1)
+
+
+class Preset(BaseModel):
+    """An engine's defaults (one YAML file of batchsim/engines/)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    engine: str
+    version: str
+    policy: dict[str, Knob]
+    notes: tuple[str, ...] = ()
+
+
+@lru_cache(maxsize=None)
+def load_preset(name: str) -> Preset:
+    """The preset called ``name``; InputError naming the choices otherwise."""
+    if name not in PRESETS:
+        raise InputError(f"unknown engine preset {name!r}; expected one of {', '.join(PRESETS)}", "engine_preset")
+    from batchsim.sim.safe_yaml import load_yaml
+
+    path = _DIR / f"{name}.yaml"
+    try:
+        return Preset.model_validate(load_yaml(path.read_text(encoding="utf-8")))
+    except ValidationError as e:  # pragma: no cover - a shipped file is checked by the tests
+        raise RuntimeError(f"{path}: {e}") from None
+
+
+def _hardware(scenario):
+    from batchsim.calibrate.hardware import load_hardware
+
+    return load_hardware(scenario.hardware)
+
+
+def _has_prefix_hashes(scenario) -> bool:
+    wl = scenario.workload
+    trace = getattr(wl, "trace", None)
+    return wl.shared_prefix is not None or (trace is not None and getattr(trace, "format", None) == "mooncake")
+
+
+def _context(scenario, policy: dict) -> int:
+    from batchsim.calibrate.models import load_model
+
+    asked = policy.get("max_model_len")
+    model_len = int(load_model(scenario.model).max_position_embeddings)
+    return int(asked) if isinstance(asked, int) and not isinstance(asked, bool) else model_len
+
+
+def _derive(kind: str, scenario, policy: dict) -> int:
+    """A knob the engine computes from the deployment (each as the preset's source states it)."""
+    if kind == "max_model_len_at_least_2048":  # vLLM V0 without chunked prefill
+        return max(_context(scenario, policy), 2048)
+    # SGLang: min(clamp(int(token_capacity / context_len * 512), 2048, 4096), token_capacity // 2),
+    # capped at the chunk budget (batchsim's decode steps share it)
+    from batchsim.app.runner import build_cost
+
+    cost = build_cost(scenario)
+    budget = int(policy.get("max_num_batched_tokens", 8192))
+    cap = cost.kv_capacity_tokens(float(policy.get("gpu_memory_utilization", 0.9)),
+                                  max_num_batched_tokens=budget, max_num_seqs=2048)
+    running = min(max(int(cap / _context(scenario, policy) * 512), 2048), 4096)
+    return max(1, min(running, cap // 2, budget))
+
+
+def _value(knob: Knob, scenario, policy: dict, hw) -> tuple[bool, Any]:
+    """(applies, value) of ``knob`` for this deployment."""
+    if knob.when == "prefix_hashes" and not _has_prefix_hashes(scenario):
+        return False, None
+    if knob.derive is not None:
+        return True, _derive(knob.derive, scenario, policy)
+    value = knob.value
+    name = hw.name.lower()
+    for rule in knob.rules:
+        if hw.memory_gib >= rule.min_memory_gib and not any(x in name for x in rule.except_names):
+            value = rule.value
+    return True, value
+
+
+def _fields(policy_name: str) -> set[str] | None:
+    from batchsim import policies
+
+    try:
+        cls = policies.policy_class(policy_name)
+    except Exception:  # a plugin that does not load: the policy's own error comes later
+        return None
+    return set(cls.Config.model_fields)
+
+
+def _resolve(scenario) -> tuple[dict, dict]:
+    """(policy section in effect, per-knob report) of a scenario with an engine preset."""
+    preset = load_preset(scenario.engine_preset)
+    hw = _hardware(scenario)
+    user = dict(scenario.policy) if "policy" in scenario.model_fields_set else {}
+    name_knob = preset.policy.get("name")
+    name = user.get("name", name_knob.value if name_knob else "continuous")
+    accepted = _fields(name)
+    merged: dict[str, Any] = {"name": name}
+    report: dict[str, dict] = {}
+    for key, knob in preset.policy.items():
+        if key == "name":
+            ok, value = True, knob.value
+        elif accepted is not None and key not in accepted:
+            report[key] = {"value": None, "from": f"left out: policy {name!r} has no such knob",
+                           "source": knob.source}
+            continue
+        else:
+            ok, value = _value(knob, scenario, {**merged, **user}, hw)
+        if key in user:
+            report[key] = {"value": user[key], "from": "scenario", "preset_value": value if ok else None,
+                           "source": knob.source}
+        elif ok:
+            merged[key] = value
+            report[key] = {"value": value, "from": "preset", "source": knob.source}
+        else:
+            report[key] = {"value": None, "from": "left out: the workload names no shared prefixes",
+                           "source": knob.source}
+    merged.update(user)
+    return merged, report
+
+
+def apply_preset(scenario):
+    """``scenario`` with its preset's knobs in its policy section (its own keys win)."""
+    if scenario.engine_preset is None:
+        return scenario
+    merged, _ = _resolve(scenario)
+    return scenario.model_copy(update={"policy": merged})
+
+
+def preset_report(scenario) -> dict | None:
+    """What the scenario's engine preset set, knob by knob, with sources and notes (None without one)."""
+    if scenario.engine_preset is None:
+        return None
+    preset = load_preset(scenario.engine_preset)
+    _, knobs = _resolve(scenario)
+    for key, entry in knobs.items():  # (after apply_preset every key is in the policy: say whose value it is)
+        if entry["from"] == "scenario" and entry.get("preset_value") == entry["value"]:
+            entry["from"] = "preset"
+            entry.pop("preset_value", None)
+    return {"name": preset.name, "engine": preset.engine, "version": preset.version, "knobs": knobs,
+            "notes": list(preset.notes)}

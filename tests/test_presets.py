@@ -1,0 +1,105 @@
+"""Engine presets (batchsim/engines/): sourced defaults, resolved per deployment, user keys win."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchsim import policies
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, simulate
+from batchsim.engines import PRESETS, load_preset, preset_report
+from batchsim.sim.errors import InputError
+
+
+def _raw(preset: str, **over) -> dict:
+    raw = {"name": "p", "model": "llama-3-8b", "hardware": "h100-sxm", "engine_preset": preset,
+           "workload": {"num_requests": 50, "arrival": {"process": "poisson", "rate": 4.0},
+                        "prompt_tokens": {"dist": "fixed", "value": 300},
+                        "output_tokens": {"dist": "fixed", "value": 30}}}
+    raw.update(over)
+    return raw
+
+
+def test_the_four_engines_ship_and_every_knob_names_its_source():
+    assert set(PRESETS) == {"vllm-v1", "vllm-v0", "sglang", "trtllm"}
+    for name in PRESETS:
+        p = load_preset(name)
+        assert p.version and p.engine
+        for key, knob in p.policy.items():
+            assert len(knob.source) > 20, (name, key)
+
+
+@pytest.mark.parametrize("name", ["vllm-v1", "vllm-v0", "sglang", "trtllm"])
+def test_each_preset_resolves_to_a_valid_policy_and_runs(name):
+    sc = scenario_from_dict(_raw(name))
+    policies.create_policy(sc.policy)  # every value is one its policy accepts
+    r = simulate(sc, build_parts(sc))
+    assert (r.requests["status"] == "completed").all()
+    rep = r.summary["engine_preset"]
+    assert rep["name"] == name and rep["notes"]
+    assert r.summary["provenance"]["engine_preset"] == name
+
+
+@pytest.mark.parametrize("hardware,seqs,tokens", [("h100-sxm", 1024, 8192), ("h200", 1024, 8192),
+                                                  ("a100-80gb", 256, 2048), ("l4", 256, 2048)])
+def test_vllm_v1_limits_follow_the_device_as_get_batch_defaults_does(hardware, seqs, tokens):
+    sc = scenario_from_dict(_raw("vllm-v1", hardware=hardware))
+    assert (sc.policy["max_num_seqs"], sc.policy["max_num_batched_tokens"]) == (seqs, tokens)
+    assert sc.policy["name"] == "chunked_prefill" and sc.policy["admission"] == "sequence"
+    assert sc.policy["gpu_memory_utilization"] == 0.92
+
+
+def test_vllm_v0_budget_is_the_context_length_at_least_2048():
+    sc = scenario_from_dict(_raw("vllm-v0"))
+    assert sc.policy["max_num_batched_tokens"] == 8192  # llama-3-8b's 8192-token context
+    sc = scenario_from_dict(_raw("vllm-v0", policy={"name": "continuous", "max_model_len": 1024}))
+    assert sc.policy["max_num_batched_tokens"] == 2048
+
+
+def test_the_scenarios_own_keys_win_and_the_report_says_whose_each_value_is():
+    sc = scenario_from_dict(_raw("vllm-v1", policy={"name": "chunked_prefill", "max_num_seqs": 64}))
+    assert sc.policy["max_num_seqs"] == 64 and sc.policy["max_num_batched_tokens"] == 8192
+    knobs = preset_report(sc)["knobs"]
+    assert knobs["max_num_seqs"]["from"] == "scenario" and knobs["max_num_seqs"]["preset_value"] == 1024
+    assert knobs["max_num_batched_tokens"]["from"] == "preset"
+
+
+def test_a_knob_the_chosen_policy_lacks_is_left_out_and_said():
+    sc = scenario_from_dict(_raw("vllm-v1", policy={"name": "static", "max_batch_size": 8}))
+    assert "max_num_seqs" not in sc.policy and sc.policy["block_size"] == 16
+    knobs = preset_report(sc)["knobs"]
+    assert knobs["max_num_seqs"]["from"].startswith("left out")
+
+
+def test_prefix_caching_is_on_only_for_a_workload_with_shared_prefixes():
+    sc = scenario_from_dict(_raw("vllm-v1"))
+    assert "enable_prefix_caching" not in sc.policy
+    wl = dict(_raw("vllm-v1")["workload"], shared_prefix={"groups": 4, "tokens": 128, "block_tokens": 16})
+    sc = scenario_from_dict(_raw("vllm-v1", workload=wl))
+    assert sc.policy["enable_prefix_caching"] is True
+    r = simulate(sc, build_parts(sc))
+    assert r.summary["prefix_cache_hit_rate"] > 0
+
+
+def test_trtllm_reserves_to_completion_so_a_saturated_run_never_preempts():
+    wl = {"num_requests": 400, "arrival": {"process": "poisson", "rate": 200.0},
+          "prompt_tokens": {"dist": "fixed", "value": 2000}, "output_tokens": {"dist": "fixed", "value": 1500}}
+    small = {"gpu_memory_utilization": 0.9}
+    trt = scenario_from_dict(_raw("trtllm", workload=wl, hardware="l4"))
+    v0 = scenario_from_dict(_raw("vllm-v0", workload=wl, hardware="l4", policy={"name": "continuous", **small}))
+    r_trt, r_v0 = (simulate(s, build_parts(s)) for s in (trt, v0))
+    assert r_v0.summary["preemptions"] > 0
+    assert r_trt.summary["preemptions"] == 0
+
+
+def test_free_memory_fraction_sizes_kv_from_what_weights_leave():
+    sc = scenario_from_dict(_raw("trtllm"))
+    parts = build_parts(sc)
+    free = parts.kv_tokens(0.9, memory_of="free")
+    total = parts.kv_tokens(0.9)
+    assert free > total  # 0.9 of what is left after the weights, against 0.9 of all memory less the weights
+
+
+def test_an_unknown_preset_is_a_one_line_error():
+    with pytest.raises(InputError, match="engine_preset.*vllm-v1"):
+        scenario_from_dict(_raw("vllm-v2"))
