@@ -54,12 +54,22 @@ def calibrate_command(
     rounds: Annotated[Optional[int], typer.Option(min=1, help="timed rounds of every step (default 15, 7 with --quick)")] = None,
     evidence: Annotated[Optional[Path], typer.Option(help="folder for the measurements behind the profile: kernels.csv, steps.csv, facts.json")] = None,
     refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed; the device, dtype, model and timing options are then those recorded)")] = None,
+    from_bench: Annotated[Optional[list[Path]], typer.Option("--from-bench", help="fit the host and frontend overhead terms from a real engine's benchmark output instead (repeatable): vllm bench serve --save-result --save-detailed JSON, GuideLLM benchmarks.json, genai-perf profile_export.json; no device, no torch")] = None,
+    hardware: Annotated[str, typer.Option(help="with --from-bench: the profile the engine ran on (name or path); its terms are the starting point")] = "h100-sxm",
+    tp: Annotated[int, typer.Option(min=1, help="with --from-bench: tensor-parallel size of the benchmarked deployment")] = 1,
+    engine_preset: Annotated[str, typer.Option(help="with --from-bench: the engine's preset (vllm-v1, vllm-v0, sglang, trtllm; 'none': the policy options alone)")] = "vllm-v1",
+    policy_set: Annotated[Optional[list[str]], typer.Option("--policy-set", help="with --from-bench: KEY=VALUE over the preset's policy knobs (e.g. max_num_seqs=256), as the benchmarked server was started")] = None,
+    fit_on: Annotated[Optional[list[str]], typer.Option("--fit-on", help="with --from-bench: benchmark labels or file names to fit on (the rest are held out; default: every other benchmark)")] = None,
+    report: Annotated[Optional[Path], typer.Option(help="with --from-bench: folder for bench.csv, bench.json and bench.png (measured vs simulated per benchmark)")] = None,
 ) -> None:
-    """Time real kernels on the device, fit a hardware profile, print the held-out fit error."""
+    """Time real kernels on the device, fit a hardware profile, print the held-out fit error.
+    With --from-bench: fit the overhead terms from a real engine's benchmark instead."""
     from rich.console import Console
 
     from batchsim.calibrate.hardware import save_hardware
 
+    if from_bench:
+        return _from_bench(from_bench, out, model, hardware, tp, dtype, engine_preset, policy_set, fit_on, report, name)
     if refit is not None:
         from batchsim.app.validate import fit_calibration, read_evidence
 
@@ -94,6 +104,72 @@ def calibrate_command(
                       + (" [bold yellow](over 10%: some kernel times include launches)[/]" if idle["p90"] > 0.1 else ""))
 
 
+def _policy_keys(pairs: list[str] | None, option: str) -> dict:
+    import yaml
+
+    from batchsim.sim.errors import InputError
+
+    out = {}
+    for pair in pairs or []:
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise InputError(f"expected KEY=VALUE, got {pair!r}", option)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set):
+    from batchsim.app.bench_fit import BenchSetup
+
+    models = model or []
+    if len(models) > 1:
+        from batchsim.sim.errors import InputError
+
+        raise InputError("give one --model: the model the benchmark served", "--model")
+    return BenchSetup(model=models[0] if models else "llama-3-8b", hardware=hardware, tensor_parallel_size=tp,
+                      dtype=dtype, engine_preset=None if engine_preset in ("none", "") else engine_preset,
+                      policy=_policy_keys(policy_set, "--policy-set"))
+
+
+def _bench_table(rows: list[dict], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("benchmark", "split", "metric", "measured ms", "simulated ms", "error"):
+        table.add_column(col, justify="right" if col.endswith(("ms", "error")) else "left")
+    for r in rows:
+        table.add_row(r["label"], r["split"], f"{r['metric']} {r['percentile']}", f"{r['measured_ms']:.2f}",
+                      f"{r['simulated_ms']:.2f}", f"{r['rel_error']:+.1%}")
+    return table
+
+
+def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_set, fit_on, report, name) -> None:
+    from rich.console import Console
+
+    from batchsim.app.bench_fit import fit_bench, load_runs, write_report
+    from batchsim.calibrate.hardware import save_hardware
+
+    setup = _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set)
+    runs = load_runs(files)
+    bar, tick = _progress("fitting")
+    with bar:
+        fit = fit_bench(runs, setup, fit_on=fit_on, progress=tick, name=name)
+    save_hardware(fit.profile, out)
+    console = Console(width=None if Console().is_terminal else 120, highlight=False)
+    console.print(_bench_table(fit.rows, f"{setup.model} on {hardware}: measured vs simulated with the fitted terms"))
+    terms = ", ".join(f"{k} {v:g}" for k, v in fit.terms.items())
+    console.print(f"fitted in {len(fit.rounds)} rounds on {sum(r['split'] == 'fit' for r in fit.runs)} of "
+                  f"{len(fit.runs)} benchmarks: {terms}")
+    if all(r["split"] == "fit" for r in fit.runs):
+        console.print("note: one benchmark only, nothing held out; give two or more (rates, concurrencies or files) "
+                      "for a held-out check")
+    if report is not None:
+        write_report(fit.rows, report, f"calibrate --from-bench: {setup.model} on {hardware}",
+                     {"terms_us": fit.terms, "rounds": fit.rounds, "benchmarks": fit.runs})
+        console.print(f"report written to {report}/")
+    console.print(f"profile {fit.profile.name} written to {out}")
+
+
 def validate_command(
     profile: Annotated[Path, typer.Option(help="calibrated profile YAML of this device")],
     out: Annotated[Path, typer.Option(help="output folder for validate.json, validate.csv and validate.png")],
@@ -109,12 +185,36 @@ def validate_command(
     p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25, batchsim.app.validate.TOL_P99; with --replay, the recorded one)")] = None,
     threads: ThreadsOpt = 1,
     replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
+    bench: Annotated[Optional[list[Path]], typer.Option("--bench", help="compare with a real engine's benchmark output instead (repeatable; the formats of calibrate --from-bench): its own requests through the simulator with --profile")] = None,
+    tp: Annotated[int, typer.Option(min=1, help="with --bench: tensor-parallel size of the benchmarked deployment")] = 1,
+    engine_preset: Annotated[str, typer.Option(help="with --bench: the engine's preset ('none': the policy options alone)")] = "vllm-v1",
+    policy_set: Annotated[Optional[list[str]], typer.Option("--policy-set", help="with --bench: KEY=VALUE over the preset's policy knobs")] = None,
 ) -> None:
-    """Run one workload through the reference executor and the simulator per policy; compare."""
+    """Run one workload through the reference executor and the simulator per policy; compare.
+    With --bench: replay a real engine's benchmark through the simulator and compare."""
     from rich.console import Console
     from rich.table import Table
 
     from batchsim.app.validate import write_validation
+
+    if bench:
+        from batchsim.app.bench_fit import load_runs, validate_bench, write_report
+
+        setup = _bench_setup([model] if model else None, str(profile), tp, "bf16", engine_preset, policy_set)
+        runs = load_runs(bench)
+        bar, tick = _progress("replaying")
+        with bar:
+            rows = validate_bench(runs, setup, str(profile), progress=tick)
+        files = write_report(rows, out, f"validate --bench: {setup.model} with {profile}")
+        console = Console(width=None if Console().is_terminal else 120, highlight=False)
+        console.print(_bench_table(rows, f"{setup.model} with {profile}: measured vs simulated"))
+        console.print(f"written: {', '.join(str(f) for f in files.values())}")
+        bad = [r for r in rows if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot")
+               and p50_tol is not None and not abs(r["rel_error"]) <= p50_tol]
+        if bad:
+            console.print(f"[bold red]FAILED[/]: {len(bad)} TTFT/TPOT p50 errors over {p50_tol:.0%}")
+            raise typer.Exit(1)
+        return
 
     if replay is not None:
         from batchsim.app.validate import replay as replay_runs

@@ -1,0 +1,126 @@
+"""calibrate --from-bench / validate --bench: fit overhead terms from a real engine's benchmark output.
+
+The benchmark files are written here, in the documented formats (batchsim.calibrate.bench), from
+batchsim runs with known overhead terms injected: calibration must find those terms again and
+predict the benchmarks it did not see.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from batchsim.app.bench_fit import BenchSetup, fit_bench, load_runs, validate_bench
+from batchsim.app.cli import app
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, simulate
+from batchsim.calibrate.bench import run_from_records, write_genai_perf, write_guidellm, write_vllm_bench
+from batchsim.calibrate.hardware import load_hardware
+
+TRUE = {"host": {"per_step_us": 900.0, "per_seq_us": 12.0},
+        "frontend": {"per_request_us": 4000.0, "per_prompt_token_us": 3.0}}
+LOADS = [("rate=3", {"process": "poisson", "rate": 3.0}), ("rate=10", {"process": "poisson", "rate": 10.0}),
+         ("rate=18", {"process": "poisson", "rate": 18.0}),
+         ("concurrency=24", {"process": "closed", "concurrency": 24, "think_time_s": 0.0})]
+
+
+def _truth(label: str, arrival: dict, seed: int, n: int = 500):
+    raw = {"name": "truth", "model": "llama-3-8b", "hardware": "h100-sxm", "engine_preset": "vllm-v1",
+           "seed": seed, "overheads": TRUE,
+           "workload": {"num_requests": n, "arrival": arrival,
+                        "prompt_tokens": {"dist": "lognormal", "median": 500, "p90": 2000, "max": 6000},
+                        "output_tokens": {"dist": "lognormal", "median": 120, "p90": 400, "max": 1200}}}
+    sc = scenario_from_dict(raw)
+    r = simulate(sc, build_parts(sc))
+    mode = "concurrency" if arrival["process"] == "closed" else "rate"
+    return run_from_records(r.requests, r.itl, label=label, mode=mode, rate=arrival.get("rate"),
+                            concurrency=arrival.get("concurrency"))
+
+
+@pytest.fixture(scope="module")
+def bench_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    return [str(write_vllm_bench(d / f"{label}.json", _truth(label, arr, i))) for i, (label, arr) in enumerate(LOADS)]
+
+
+@pytest.fixture(scope="module")
+def fitted(bench_files):
+    return fit_bench(load_runs(bench_files), BenchSetup(model="llama-3-8b", hardware="h100-sxm"))
+
+
+def test_calibration_recovers_injected_overheads_within_5_percent(fitted):
+    for part, terms in TRUE.items():
+        for name, value in terms.items():
+            got = fitted.terms[f"{part}.{name}"]
+            assert got == pytest.approx(value, rel=0.05), (part, name, got)
+
+
+def test_held_out_benchmarks_are_predicted_within_10_percent(fitted):
+    held = [r for r in fitted.rows if r["split"] == "held-out" and r["percentile"] == "p50"
+            and r["metric"] in ("ttft", "tpot")]
+    assert {r["label"] for r in held} == {"rate=10.0", "concurrency=24"}
+    for r in held:
+        assert abs(r["rel_error"]) < 0.10, r
+
+
+def test_the_profile_carries_the_terms_and_their_provenance(fitted, tmp_path):
+    from batchsim.calibrate.hardware import save_hardware
+
+    path = save_hardware(fitted.profile, tmp_path / "p.yaml")
+    hw = load_hardware(str(path))
+    assert hw.host_overhead.per_step_us == pytest.approx(fitted.terms["host.per_step_us"], abs=1e-3)
+    assert hw.frontend.per_request_us == pytest.approx(fitted.terms["frontend.per_request_us"], abs=1e-3)
+    prov = hw.provenance["from_bench"]
+    assert len(prov["files"]) == 4 and all(len(f["sha256"]) == 64 for f in prov["files"])
+    assert {b["split"] for b in prov["benchmarks"]} == {"fit", "held-out"}
+
+
+def test_every_format_replays(tmp_path):
+    runs = [_truth("rate=6", {"process": "poisson", "rate": 6.0}, 3, n=80),
+            _truth("concurrency=8", {"process": "closed", "concurrency": 8, "think_time_s": 0.0}, 4, n=80)]
+    files = [write_guidellm(tmp_path / "guidellm.json", runs), write_genai_perf(tmp_path / "genai.json", runs)]
+    loaded = load_runs(files)
+    assert [r.format for r in loaded] == ["guidellm", "guidellm", "genai-perf", "genai-perf"]
+    profile = tmp_path / "truth.yaml"
+    data = load_hardware("h100-sxm").model_dump(mode="json")
+    data["host_overhead"].update(TRUE["host"])
+    data["frontend"] = TRUE["frontend"]
+    profile.write_text(json.dumps(data))
+    rows = validate_bench(loaded, BenchSetup(model="llama-3-8b", hardware="h100-sxm"), str(profile))
+    p50 = [r for r in rows if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot")]
+    assert len(p50) == 8
+    for r in p50:  # the true terms replay the benchmarks (genai-perf keeps whole ns, GuideLLM per-request ITL)
+        assert abs(r["rel_error"]) < 1e-3, r
+
+
+def test_the_commands_write_the_profile_and_the_report(bench_files, tmp_path):
+    runner = CliRunner()
+    args = ["calibrate", "--out", str(tmp_path / "p.yaml"), "--report", str(tmp_path / "rep"), "--model", "llama-3-8b"]
+    for f in bench_files[:2]:
+        args += ["--from-bench", f]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "p.yaml").is_file() and (tmp_path / "rep" / "bench.png").is_file()
+    assert "held-out" in res.output
+    res = runner.invoke(app, ["validate", "--bench", bench_files[2], "--profile", str(tmp_path / "p.yaml"),
+                              "--out", str(tmp_path / "val"), "--model", "llama-3-8b", "--p50-tol", "0.10"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "val" / "bench.json").read_text())["rows"]
+    # the datasheet profile misses the injected overheads: a tight tolerance fails with exit 1
+    res = runner.invoke(app, ["validate", "--bench", bench_files[0], "--profile", "h100-sxm",
+                              "--out", str(tmp_path / "val2"), "--model", "llama-3-8b", "--p50-tol", "0.05"])
+    assert res.exit_code == 1, res.output
+
+
+def test_a_summary_only_vllm_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"backend": "vllm", "request_rate": 4.0, "median_ttft_ms": 20.0, "completed": 10}))
+    res = subprocess.run([sys.executable, "-m", "batchsim", "calibrate", "--from-bench", str(path),
+                          "--out", str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert str(path) in res.stderr and "--save-detailed" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "p.yaml").exists()
