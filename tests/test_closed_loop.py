@@ -153,3 +153,23 @@ def test_think_times_that_would_overflow_the_clock_are_an_error():
     with pytest.raises(InputError) as e:
         _run(_scenario(concurrency=1, think=1e17, n=3))
     assert e.value.where == "workload.arrival.think_time_s"
+
+
+def test_a_concurrency_sweep_finds_where_throughput_levels_off(tmp_path):
+    from batchsim.app.sweep import sweep
+
+    sc = scenario_from_dict({
+        "name": "cl", "model": "llama-3-8b", "hardware": "h100-sxm",
+        "policy": {"name": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+        "workload": {"num_requests": 400, "arrival": {"process": "closed", "concurrency": 4, "think_time_s": 0.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 500}, "output_tokens": {"dist": "fixed", "value": 100}}})
+    res = sweep(sc, None, ["chunked_prefill"], seeds=1, concurrency=[1, 4, 16, 64, 128], show_progress=False)
+    f = res.frame
+    assert list(f["concurrency"]) == [1, 4, 16, 64, 128] and "rate" not in f.columns
+    served = f["served_output_throughput"].to_numpy()
+    assert served[2] > 3 * served[0]  # more clients, more throughput, until max_num_seqs (64) runs out
+    at = res.saturation["chunked_prefill"]
+    assert at == 64  # 128 clients cannot run more than 64 at once: throughput levels off at 64
+    assert f.loc[f["concurrency"] == 128, "median_ttft_ms"].iloc[0] > 2 * f.loc[f["concurrency"] == 64, "median_ttft_ms"].iloc[0]
+    with pytest.raises(InputError, match="--concurrency"):
+        sweep(sc, None, ["chunked_prefill"], seeds=1, concurrency=[1000], show_progress=False)

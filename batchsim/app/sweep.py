@@ -32,7 +32,7 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.measure import DEFAULT_SEEDS
 from batchsim.sim.io import write_csv
 
-__all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "with_rate", "sweep", "sweep_task", "write_sweep",
+__all__ = ["SweepResult", "SweepTask", "SweepPoint", "parse_rates", "parse_concurrency", "with_rate", "with_concurrency", "sweep", "sweep_task", "write_sweep",
            "point_warnings"]
 
 _FIRST = ("policy", "rate")
@@ -54,6 +54,42 @@ def parse_rates(text: str | Sequence[float]) -> tuple[float, ...]:
     if not rates:
         raise InputError("give at least one rate, e.g. --rates 1,2,4,8", "--rates")
     return tuple(sorted(set(rates)))
+
+
+def parse_concurrency(text: str | Sequence[int]) -> tuple[int, ...]:
+    """``"1,2,4"`` (or integers) -> sorted unique client counts >= 1."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for s in items:
+        if isinstance(s, str) and not s.strip():
+            continue
+        try:
+            n = int(str(s).strip())
+        except ValueError:
+            raise InputError(f"not an integer: {s!r} (expected e.g. 1,4,16,64)", "--concurrency") from None
+        if n < 1 or str(n) != str(s).strip():
+            raise InputError(f"client counts must be integers >= 1, got {s!r}", "--concurrency")
+        out.append(n)
+    if not out:
+        raise InputError("give at least one client count, e.g. --concurrency 1,4,16,64", "--concurrency")
+    return tuple(sorted(set(out)))
+
+
+def with_concurrency(scenario: Scenario, clients: int) -> Scenario:
+    """The closed-loop scenario with ``workload.arrival.concurrency`` set to ``clients``."""
+    w = scenario.workload
+    arrival = w.arrival.model_dump(mode="json", exclude_unset=True) if w.arrival is not None else {}
+    if arrival.get("process") != "closed":
+        raise InputError(f"--concurrency sweeps a closed loop's clients, but the arrival process is "
+                         f"'{arrival.get('process', 'a trace')}'; set workload.arrival: {{process: closed, "
+                         "concurrency: N}} or sweep --rates", "workload.arrival")
+    n = getattr(w, "num_requests", None)
+    if n is not None and clients >= n:
+        raise InputError(f"{clients} clients for {n} requests would send every request at once (no steady "
+                         "state to measure); sweep fewer clients or raise workload.num_requests", "--concurrency")
+    data = scenario_data(scenario)
+    data.setdefault("workload", {})["arrival"] = {**arrival, "concurrency": int(clients)}
+    return scenario_from_dict(data, f"--concurrency {clients}")
 
 
 def with_rate(scenario: Scenario, rate: float) -> Scenario:
@@ -125,22 +161,32 @@ def _aggregate(rows: list[dict], names: Sequence[str], rates: Sequence[float], s
     return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
-def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = DEFAULT_POLICIES,
+def sweep(scenario: Scenario, rates: Sequence[float] | None, policies: Sequence[str] = DEFAULT_POLICIES,
           seeds: int = DEFAULT_SEEDS, base_dir: str | Path | None = None, executor: str = "local",
           workers: int | None = None, out_dir: str | Path | None = None,
           show_progress: bool | None = None,
-          task_fn: Callable[[SweepTask], SweepPoint] = sweep_task) -> SweepResult:
-    """Run every (policy, rate, seed); aggregate over seeds and mark saturation."""
+          task_fn: Callable[[SweepTask], SweepPoint] = sweep_task,
+          concurrency: Sequence[int] | None = None) -> SweepResult:
+    """Run every (policy, rate, seed); aggregate over seeds and mark saturation.
+
+    With ``concurrency`` instead of ``rates`` the swept load is a closed loop's client count
+    (the frame's ``concurrency`` column; saturation is then where throughput levels off:
+    batchsim.reports.sweep.mark_saturation)."""
     if seeds < 1:
         raise InputError(f"must be at least 1, got {seeds}", "--seeds")
-    rates, names = parse_rates(rates), parse_policies(policies)
+    if (rates is None) == (concurrency is None):
+        raise InputError("give the loads to sweep: --rates or --concurrency (one of them)", "--rates")
+    closed = concurrency is not None
+    rates = parse_concurrency(concurrency) if closed else parse_rates(rates)
+    names = parse_policies(policies)
+    load = with_concurrency if closed else with_rate
     base = str(base_dir) if base_dir is not None else None
     tasks, knobs = [], []
     for p in names:
         variant = with_policy(scenario, p)
         knobs.append(policy_config(variant) if task_fn is sweep_task else dict(variant.policy))
         for r in rates:
-            rated = with_rate(variant, r)
+            rated = load(variant, r)
             tasks += [SweepTask(RunTask(scenario_data(with_seed(rated, i)), base, p, i, False), r)
                       for i in range(seeds)]
     store = points_folder(out_dir)
@@ -161,17 +207,22 @@ def sweep(scenario: Scenario, rates: Sequence[float], policies: Sequence[str] = 
         return SweepPoint(record["row"], record["meta"])
 
     points, simulated = run_resumable(task_fn, tasks, store, read, keep, f"sweep {scenario.name}",
-                                      lambda p: f"{p.row['policy']} @ {p.row['rate']:g} req/s",
+                                      lambda p: f"{p.row['policy']} @ {p.row['rate']:g} "
+                                                + ("clients" if closed else "req/s"),
                                       executor, workers, show_progress)
     rows = [p.row for p in points]
     metas: dict[str, dict] = {}  # each policy's first point's facts (task order: the same on a resume)
     for p in points:
         metas.setdefault(p.row["policy"], p.meta)
     frame = _aggregate(rows, names, rates, seeds)
+    runs = pd.DataFrame(rows)
+    if closed:  # (the swept load is a client count: say so in every table)
+        frame, runs = (f.rename(columns={"rate": "concurrency"}) for f in (frame, runs))
+        frame = mark_saturation(frame)  # (by the closed loop's rule)
     ordered = [metas.get(p, {}) for p in names]
     info = report_info(scenario, ordered, seeds, "sweep")
     return SweepResult(frame, names, saturation_points(frame), info,
-                       [knob_text(k, m) for k, m in zip(knobs, ordered)], runs=pd.DataFrame(rows),
+                       [knob_text(k, m) for k, m in zip(knobs, ordered)], runs=runs,
                        simulated=simulated, reused=len(tasks) - simulated, points_dir=store)
 
 
@@ -180,8 +231,9 @@ def point_warnings(frame: pd.DataFrame) -> list[str]:
     lines = []
     for r in frame.to_dict(orient="records"):
         ws = r.get("warnings")
+        at = f"{r['rate']:g} req/s" if "rate" in r else f"{r['concurrency']:g} clients"
         for w in ws if isinstance(ws, (list, tuple)) else ():
-            lines.append(f"warning: {r['policy']} @ {r['rate']:g} req/s: {w}")
+            lines.append(f"warning: {r['policy']} @ {at}: {w}")
     return list(dict.fromkeys(lines))
 
 

@@ -18,7 +18,7 @@ from batchsim.reports import html as H
 from batchsim.reports import plots
 from batchsim.reports.runs import PolicyRun, ReportInfo
 from batchsim.reports.style import png_bytes
-from batchsim.reports.sweep import saturation_points, saturation_text, sweep_figure
+from batchsim.reports.sweep import load_column, saturation_points, saturation_text, sweep_figure
 from batchsim.reports.tables import (LATENCY_COLUMNS, REJECTION_COLUMNS, SWEEP_COLUMNS, UTILIZATION_COLUMNS, Column,
                                      csv_frame, rejection_rows, runs_frame, summary_frame)
 from batchsim.sim.io import atomic_write_bytes, atomic_write_text, write_csv, write_set
@@ -58,6 +58,10 @@ SATURATION_RULE = (
     "Rule: a point is saturated when the output tokens served per second while requests were still "
     "arriving (after the first quarter of the arrival span) fall below 90% of the output tokens "
     "offered per second in that window; a policy's saturation point is its lowest saturated rate.")
+CLOSED_SATURATION_RULE = (
+    "Rule (closed loop): clients send only when answered, so a point cannot fall behind its load; a "
+    "policy's saturation point is the fewest clients at which the output tokens served per second "
+    "reach 90% of the most it served at any swept client count.")
 
 
 def _all_columns(frame: pd.DataFrame) -> list[Column]:
@@ -154,20 +158,24 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
     writers: dict[str, Callable[[Path], None]] = {"sweep.csv": _csv_writer(csv_frame(frame))}
     png = png_bytes(sweep_figure(frame, policies))
     writers["sweep.png"] = _bytes_writer(png)
-    sat = saturation_text(saturation_points(frame))
+    load = load_column(frame)
+    sat = saturation_text(saturation_points(frame), load)
     rows = _records(frame)
     for r in rows:
         r["saturated"] = "yes" if r.get("saturated") else "no"
-    point = lambda r: f"{r.get('policy', '')} @ {r.get('rate', float('nan')):g} req/s"  # noqa: E731
+    unit = "req/s" if load == "rate" else "clients"
+    point = lambda r: f"{r.get('policy', '')} @ {r.get(load, float('nan')):g} {unit}"  # noqa: E731
+    columns = SWEEP_COLUMNS if load == "rate" else tuple(
+        Column("clients", "concurrency", "f0") if c.key == "rate" else c for c in SWEEP_COLUMNS)
     sections = _warning_sections(rows, [], point) + [
-        ("Saturation", H.notes_html(sat + [SATURATION_RULE])),
+        ("Saturation", H.notes_html(sat + [SATURATION_RULE if load == "rate" else CLOSED_SATURATION_RULE])),
         ("Latency and throughput against offered load", H.figure_html(
             png, "latency, throughput and goodput against offered load",
             "A line per policy; stars and dotted verticals mark each policy's saturation point; dashed "
             "black lines are the offered load. Throughput under load is what the saturation rule "
             "compares with the offered load (the tables also give the whole-run output throughput). "
             "Error bars: 95% CI over seeds when there are several.")),
-        ("Sweep points", H.table_html(rows, SWEEP_COLUMNS, "sweep")),
+        ("Sweep points", H.table_html(rows, columns, "sweep")),
         ("Policies compared (every knob)", H.notes_html(policy_knobs)),
         ("All columns (sweep.csv)", "<details><summary>show every column</summary>"
          + H.table_html(_records(csv_frame(frame)), _all_columns(frame), "all-columns") + "</details>"),

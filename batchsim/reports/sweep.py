@@ -9,6 +9,11 @@ the output tokens it served per second while requests were still arriving
 fall below :data:`SATURATION_RATIO` of the output tokens offered per second
 in that window. A policy's saturation point is the lowest swept rate that is
 saturated; ``None`` when none is.
+
+A closed loop's sweep (the ``concurrency`` column: clients, not a rate) cannot fall behind its
+offered load, since its clients send only when answered; its points are *saturated* once the
+served output throughput reaches :data:`SATURATION_RATIO` of the policy's highest in the sweep,
+where adding clients stops adding throughput and only adds latency.
 """
 
 from __future__ import annotations
@@ -24,14 +29,33 @@ from matplotlib.lines import Line2D
 from batchsim.reports.stats import CI_SUFFIX
 from batchsim.reports.style import new_figure, policy_lines, set_log, styled
 
-__all__ = ["SATURATION_RATIO", "mark_saturation", "saturation_points", "saturation_text", "sweep_figure"]
+__all__ = ["SATURATION_RATIO", "load_column", "mark_saturation", "saturation_points", "saturation_text", "sweep_figure"]
 
 SATURATION_RATIO = 0.9
 
 
+def load_column(frame: pd.DataFrame) -> str:
+    """The swept load's column: ``rate`` (req/s) or ``concurrency`` (closed-loop clients)."""
+    return "concurrency" if "concurrency" in frame.columns and "rate" not in frame.columns else "rate"
+
+
 def mark_saturation(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add ``served_ratio`` and ``saturated`` (served < 90% of offered) columns."""
+    """Add ``served_ratio`` and ``saturated`` (served < 90% of offered) columns (a concurrency
+    sweep: served throughput at 90% of the policy's highest or more)."""
     out = frame.copy()
+    if load_column(out) == "concurrency":
+        served = out["served_output_throughput"].to_numpy(dtype=float)
+        best = out.groupby("policy", sort=False)["served_output_throughput"].transform("max").to_numpy(dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(best > 0, served / best, 1.0)
+        out["served_ratio"] = ratio
+        sat = ratio >= SATURATION_RATIO
+        # NOTE: when only the most clients swept come within 10% of the highest, throughput was still
+        # rising there: nothing shows where it levels off.
+        last = out.groupby("policy", sort=False)["concurrency"].transform("max").to_numpy() == out["concurrency"].to_numpy()
+        alone = out.assign(_s=sat).groupby("policy", sort=False)["_s"].transform("sum").to_numpy() == 1
+        out["saturated"] = sat & ~(last & alone)
+        return out
     offered = out["offered_output_throughput"].to_numpy(dtype=float)
     served = out["served_output_throughput"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -46,7 +70,7 @@ def saturation_points(frame: pd.DataFrame) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for policy, rows in frame.groupby("policy", sort=False):
         sat = rows[rows["saturated"].astype(bool)]
-        out[str(policy)] = float(sat["rate"].min()) if len(sat) else None
+        out[str(policy)] = float(sat[load_column(frame)].min()) if len(sat) else None
     return out
 
 
@@ -62,6 +86,8 @@ _PANELS = (
 
 def _offered_lines(ax, key: str, frame: pd.DataFrame) -> Line2D | None:
     """The offered load on the throughput and goodput panels (dashed black)."""
+    if load_column(frame) != "rate":
+        return None  # (a closed loop offers what it is served)
     by_rate = frame.groupby("rate", sort=True)
     if key == "served_output_throughput":
         x = np.array(list(by_rate.groups))
@@ -82,12 +108,13 @@ def sweep_figure(frame: pd.DataFrame, policies: Sequence[str]) -> Figure:
     dotted vertical line in its colour."""
     lines = policy_lines(policies)
     sat = saturation_points(frame)
+    col = load_column(frame)
     fig = new_figure(13.0, 8.6)
     axes = fig.subplots(2, 3).ravel()
     for ax, (key, title, unit, log) in zip(axes, _PANELS):
         for p in policies:
-            rows = frame[frame["policy"] == p].sort_values("rate")
-            x, y = rows["rate"].to_numpy(dtype=float), rows[key].to_numpy(dtype=float)
+            rows = frame[frame["policy"] == p].sort_values(col)
+            x, y = rows[col].to_numpy(dtype=float), rows[key].to_numpy(dtype=float)
             ax.plot(x, y, marker="o", ms=4, label=p, **lines[p])
             if key + CI_SUFFIX in rows:
                 err = np.nan_to_num(rows[key + CI_SUFFIX].to_numpy(dtype=float))
@@ -103,19 +130,29 @@ def sweep_figure(frame: pd.DataFrame, policies: Sequence[str]) -> Figure:
             unit = unit.replace(", log scale", "")
         ax.set_title(title, loc="left")
         ax.set_ylabel(f"{title.split(' (')[0]} ({unit})")
-        ax.set_xlabel("offered load (requests/s)")
+        if col == "rate":
+            ax.set_xlabel("offered load (requests/s)")
+        else:
+            ax.set_xlabel("closed-loop clients (log scale)")
+            ax.set_xscale("log", base=2)
     handles = [Line2D([], [], marker="o", ms=4, label=p, **lines[p]) for p in policies]
     handles.append(Line2D([], [], color="grey", ls=":", lw=1.4, marker="*", ms=11, mec="black",
                           label="saturation point"))
-    handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="offered load"))
+    if col == "rate":
+        handles.append(Line2D([], [], color="black", ls="--", lw=1.0, label="offered load"))
     fig.legend(handles=handles, loc="outside upper center", ncol=len(handles))
     return fig
 
 
-def saturation_text(points: dict[str, float | None]) -> list[str]:
-    """One human line per policy: where it saturates."""
+def saturation_text(points: dict[str, float | None], load: str = "rate") -> list[str]:
+    """One human line per policy: where it saturates (``load``: the frame's load column)."""
     lines = []
     for p, r in points.items():
+        if load == "concurrency":
+            lines.append(f"{p}: throughput levels off at {r:g} clients (within {1 - SATURATION_RATIO:.0%} of its "
+                         "highest)" if r is not None and not math.isnan(r)
+                         else f"{p}: throughput still rising at the most clients swept")
+            continue
         lines.append(f"{p}: saturates at {r:g} req/s" if r is not None and not math.isnan(r)
                      else f"{p}: kept up at every swept rate")
     return lines

@@ -23,8 +23,9 @@ __all__ = ["register", "sweep_command"]
 
 
 def sweep_command(
-    scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate is swept)")],
-    rates: Annotated[str, typer.Option(help="comma-separated offered loads in requests/s, e.g. 2,4,8,12,16")],
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate, or a closed loop's concurrency, is swept)")],
+    rates: Annotated[Optional[str], typer.Option(help="comma-separated offered loads in requests/s, e.g. 2,4,8,12,16")] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="comma-separated closed-loop client counts instead of rates, e.g. 1,4,16,64 (workload.arrival.process: closed)")] = None,
     policies: PoliciesOpt = "static,dynamic,continuous,chunked_prefill",
     seeds: SeedsOpt = DEFAULT_SEEDS,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/sweep-<scenario>)")] = None,
@@ -32,20 +33,25 @@ def sweep_command(
     executor: ExecutorOpt = "local",
     workers: WorkersOpt = None,
 ) -> None:
-    """Sweep the arrival rate per policy; write sweep.csv, sweep.png and report.html."""
+    """Sweep the arrival rate (or a closed loop's clients) per policy; write sweep.csv, sweep.png and report.html."""
     from rich.console import Console
 
-    from batchsim.reports.sweep import saturation_text
+    from batchsim.reports.sweep import load_column, saturation_text
     from batchsim.app.commands.compare import load_for_command
-    from batchsim.app.sweep import parse_rates, point_warnings, sweep, write_sweep
+    from batchsim.app.sweep import parse_concurrency, parse_rates, point_warnings, sweep, write_sweep
+    from batchsim.sim.errors import InputError
 
+    if (rates is None) == (concurrency is None):
+        raise InputError("give the loads to sweep: --rates 2,4,8 or --concurrency 1,4,16 (one of them)", "--rates")
+    loads = parse_rates(rates) if rates is not None else None
+    clients = parse_concurrency(concurrency) if concurrency is not None else None
     sc, base = load_for_command(scenario, set_)
     dest = out or Path("runs") / f"sweep-{sc.name}"
-    result = sweep(sc, parse_rates(rates), policies, seeds=seeds, base_dir=base, executor=executor,
-                   workers=workers, out_dir=dest)
+    result = sweep(sc, loads, policies, seeds=seeds, base_dir=base, executor=executor,
+                   workers=workers, out_dir=dest, concurrency=clients)
     files = writing_kept(write_sweep, result, dest)
     console = Console(highlight=False)
-    for line in saturation_text(result.saturation):
+    for line in saturation_text(result.saturation, load_column(result.frame)):
         console.print(line)
     for line in point_warnings(result.frame):
         console.print(line, soft_wrap=True, markup=False)
