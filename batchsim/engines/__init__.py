@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batchsim.sim.errors import InputError
 
-__all__ = ["PRESETS", "Preset", "load_preset", "apply_preset", "preset_report"]
+__all__ = ["PRESETS", "Preset", "load_preset", "apply_preset", "preset_report", "preset_markdown"]
 
 _DIR = Path(__file__).parent
 PRESETS: tuple[str, ...] = tuple(sorted(p.stem for p in _DIR.glob("*.yaml")))
@@ -193,3 +193,23 @@ def preset_report(scenario) -> dict | None:
             entry.pop("preset_value", None)
     return {"name": preset.name, "engine": preset.engine, "version": preset.version, "knobs": knobs,
             "notes": list(preset.notes)}
+
+
+def preset_markdown(name: str) -> str:
+    """The preset's knobs, values, rules and sources, and its notes, as docs/fidelity.md shows them."""
+    p = load_preset(name)
+    lines = [f"### `{name}`: {p.engine} {p.version}", "", "| knob | value | source |", "| --- | --- | --- |"]
+    for key, knob in p.policy.items():
+        if knob.derive:
+            value = f"derived: `{knob.derive}`"
+        else:
+            value = f"`{knob.value}`"
+            if knob.rules:
+                value += " (" + "; ".join(
+                    f"`{r.value}` from {r.min_memory_gib:g} GiB"
+                    + (f" except {', '.join(r.except_names)}" if r.except_names else "") for r in knob.rules) + ")"
+        if knob.when:
+            value += " when the workload names shared prefixes"
+        lines.append(f"| `{key}` | {value} | {knob.source} |")
+    lines += ["", "Not modelled, or modelled differently:", ""] + [f"- {n}" for n in p.notes]
+    return "\n".join(lines) + "\n"
