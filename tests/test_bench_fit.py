@@ -124,3 +124,40 @@ def test_a_summary_only_vllm_file_is_a_clear_error(tmp_path):
     assert res.returncode == 2, res.stderr
     assert str(path) in res.stderr and "--save-detailed" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_requests_the_simulator_cannot_run_are_an_error_not_a_nan_table(tmp_path):
+    from batchsim.sim.errors import InputError
+
+    run = _truth("rate=3", {"process": "poisson", "rate": 3.0}, 0, n=30)
+    long = type(run)(**{**run.__dict__, "input_tokens": run.input_tokens * 0 + 20000})
+    path = write_vllm_bench(tmp_path / "long.json", long)
+    with pytest.raises(InputError, match="does not complete 30 of the benchmark's 30 requests"):
+        fit_bench(load_runs([path]), BenchSetup(model="llama-3-8b", hardware="h100-sxm"))
+
+
+def test_one_token_outputs_leave_the_host_terms_unfitted_and_say_so(tmp_path):
+    raw = {"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm", "engine_preset": "vllm-v1",
+           "overheads": TRUE, "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 4.0},
+                                           "prompt_tokens": {"dist": "lognormal", "median": 300, "p90": 1500,
+                                                             "max": 4000},
+                                           "output_tokens": {"dist": "fixed", "value": 1}}}
+    sc = scenario_from_dict(raw)
+    r = simulate(sc, build_parts(sc))
+    path = write_vllm_bench(tmp_path / "one.json", run_from_records(r.requests, r.itl, label="rate=4", mode="rate",
+                                                                     rate=4.0))
+    fit = fit_bench(load_runs([path]), BenchSetup(model="llama-3-8b", hardware="h100-sxm"))
+    assert fit.unfitted == ["host.per_seq_us", "host.per_step_us"]
+    assert "host.per_step_us" not in fit.terms
+    assert fit.profile.provenance["from_bench"]["not_fitted"] == fit.unfitted
+    # (the host terms stay the profile's, so the frontend terms take up the prefill steps' host time too)
+    ttft = next(r for r in fit.rows if r["metric"] == "ttft" and r["percentile"] == "p50")
+    assert abs(ttft["rel_error"]) < 0.05
+
+
+def test_fit_on_names_every_label_it_is_given(bench_files):
+    from batchsim.sim.errors import InputError
+
+    with pytest.raises(InputError, match="'rate=99'"):
+        fit_bench(load_runs(bench_files[:2]), BenchSetup(model="llama-3-8b", hardware="h100-sxm"),
+                  fit_on=["rate=3.0", "rate=99"])

@@ -114,3 +114,50 @@ def test_overhead_fields_are_checked():
         scenario_from_dict(_scenario(overheads={"frontend": {"per_request_us": -1}}))
     with pytest.raises(InputError, match="overheads.frontend"):
         scenario_from_dict(_scenario(overheads={"frontend": {"tokenize_us": 1}}))
+
+
+def test_each_replica_has_its_frontend():
+    slow = {"frontend": {"per_request_us": 100000}}  # 0.1 s a request: one process serves 10 req/s
+    wl = {"num_requests": 300, "arrival": {"process": "poisson", "rate": 30.0},
+          "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 10}}
+    one = _run(_scenario(engine="python", workload=wl, overheads=slow))
+    four = _run(_scenario(engine="python", workload=wl, overheads=slow, replicas=4, router="least_outstanding"))
+    assert one.requests["frontend_in_s"].mean() > 5.0  # 30 req/s into 10 req/s of frontend: it queues
+    assert four.requests["frontend_in_s"].mean() < 0.5  # four processes serve 40 req/s
+
+
+@pytest.mark.parametrize("engine", ["python", "core"])
+def test_at_the_horizon_only_what_the_clients_have_counts(engine):
+    if engine == "core" and core.library() is None:
+        pytest.skip("no compiled core here")
+    slow_out = {"frontend": {"per_step_us": 20000}}  # 20 ms to stream each step: delivery lags the engine
+    r = _run(_scenario(engine=engine, overheads=slow_out, horizon_s=5.0))
+    req = r.requests
+    for col in ("first_token", "last_token", "completion"):
+        assert not (req[col] > 5.0).any(), col
+    assert (req.loc[req["status"] == "completed", "completion"] <= 5.0).all()
+    assert (req["status"] == "unfinished").sum() > 0
+    # requests sent before the horizon but still in the frontend's queue are unfinished, not lost
+    slow_in = {"frontend": {"per_request_us": 250000}}
+    r = _run(_scenario(engine=engine, overheads=slow_in, horizon_s=10.0))
+    sent = int((build_parts(scenario_from_dict(_scenario())).workload.arrival < 10.0).sum())
+    assert len(r.requests) == sent
+    waiting = r.requests[r.requests["replica"] == -1]
+    assert len(waiting) > 0 and (waiting["status"] == "unfinished").all()
+
+
+def test_closed_loop_clients_sent_into_a_busy_frontend_are_counted_at_the_horizon():
+    wl = {"num_requests": 150, "arrival": {"process": "closed", "concurrency": 32, "think_time_s": 0.0},
+          "prompt_tokens": {"dist": "fixed", "value": 200}, "output_tokens": {"dist": "fixed", "value": 20}}
+    r = _run(_scenario(engine="python", workload=wl, overheads={"frontend": {"per_request_us": 250000}},
+                       horizon_s=3.0))
+    assert (r.requests["arrival"] < 3.0).all() and len(r.requests) >= 32  # all 32 clients sent at t = 0
+
+
+@pytest.mark.parametrize("bad", ["per_request_us=inf", "per_step_us=1e308"])
+def test_overhead_overrides_out_of_range_are_input_errors(bad):
+    from batchsim.sim.errors import InputError
+
+    key, value = bad.split("=")
+    with pytest.raises(InputError, match=f"overheads.frontend.{key}"):
+        scenario_from_dict(_scenario(overheads={"frontend": {key: float(value)}}))

@@ -103,3 +103,37 @@ def test_free_memory_fraction_sizes_kv_from_what_weights_leave():
 def test_an_unknown_preset_is_a_one_line_error():
     with pytest.raises(InputError, match="engine_preset.*vllm-v1"):
         scenario_from_dict(_raw("vllm-v2"))
+
+
+def test_a_policy_section_without_a_name_takes_the_presets():
+    sc = scenario_from_dict(_raw("vllm-v1", policy={"max_num_seqs": 256}))
+    assert sc.policy["name"] == "chunked_prefill" and sc.policy["max_num_seqs"] == 256
+
+
+def test_a_changed_device_or_preset_resolves_the_presets_keys_again():
+    from batchsim.app.compare import scenario_data, with_policy
+
+    sc = scenario_from_dict(_raw("vllm-v1", policy={"max_num_seqs": 512}))
+    assert sc.policy["max_num_batched_tokens"] == 8192
+    data = scenario_data(sc)
+    data["hardware"] = "a100-80gb"  # (what plan's grid and run --set hardware=... do)
+    again = scenario_from_dict(data)
+    assert again.policy["max_num_batched_tokens"] == 2048 and again.policy["max_num_seqs"] == 512
+    data = scenario_data(sc)
+    data["engine_preset"] = "trtllm"
+    trt = scenario_from_dict(data)
+    assert trt.policy["name"] == "continuous" and trt.policy["admission"] == "completion"
+    assert trt.policy["max_num_seqs"] == 512  # (the scenario's own key)
+    data["engine_preset"] = None
+    plain = scenario_from_dict(data)
+    assert plain.policy == {"name": "continuous", "max_num_seqs": 512}
+    # a compare's swap keeps the KV knobs, resolved for the swapped-in policy
+    static = with_policy(scenario_from_dict(_raw("trtllm")), "static")
+    assert static.policy["name"] == "static" and static.policy["gpu_memory_utilization_of"] == "free"
+    assert static.policy["block_size"] == 32
+
+
+def test_vllm_v0_turns_chunked_prefill_on_past_a_32k_context():
+    sc = scenario_from_dict(_raw("vllm-v0", model="llama-3.1-8b"))
+    assert (sc.policy["name"], sc.policy["max_num_batched_tokens"], sc.policy["prefill_mode"]) == (
+        "chunked_prefill", 2048, "mixed")

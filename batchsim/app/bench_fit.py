@@ -108,7 +108,16 @@ def replay(run: BenchRun, setup: BenchSetup, terms: dict | None = None, hardware
     if not len(run):
         raise InputError("no successful requests to replay", f"{run.source} [{run.label}]")
     sc = _scenario(setup, run, terms, hardware)
-    return simulate(sc, build_parts(sc, workload=_workload(run)))
+    result = simulate(sc, build_parts(sc, workload=_workload(run)))
+    status = result.requests["status"]
+    if (status != "completed").any():
+        bad = result.requests[status != "completed"]
+        why = bad["reason"].iloc[0] or "unfinished"
+        raise InputError(f"the simulator does not complete {len(bad)} of the benchmark's {len(run)} requests "
+                         f"(request {int(bad['rid'].iloc[0])}: {why}), so measured and simulated would count "
+                         "different requests; check --model, --tp and the policy keys against the benchmarked "
+                         "server", f"{run.source} [{run.label}]")
+    return result
 
 
 def _in_server_slopes(req: pd.DataFrame, values: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -209,16 +218,18 @@ class BenchFit:
     profile: Any = None  # the hardware profile with the fitted terms
     setup: BenchSetup | None = None
     files: list[dict] = field(default_factory=list)  # source path and sha256
+    unfitted: list[str] = field(default_factory=list)  # terms the benchmarks said nothing about (the profile's kept)
 
 
 def _split(runs: Sequence[BenchRun], fit_on: Sequence[str] | None) -> list[bool]:
     """Which benchmarks are fitted (True) and which held out."""
     if fit_on:
-        chosen = [r.label in fit_on or Path(r.source).name in fit_on for r in runs]
-        if not any(chosen):
-            raise InputError(f"no benchmark is labelled {', '.join(fit_on)}; labels: "
-                             f"{', '.join(r.label for r in runs)}", "--fit-on")
-        return chosen
+        known = {r.label for r in runs} | {Path(r.source).name for r in runs}
+        unknown = [f for f in fit_on if f not in known]
+        if unknown:
+            raise InputError(f"no benchmark is labelled or named {', '.join(map(repr, unknown))}; labels: "
+                             f"{', '.join(dict.fromkeys(r.label for r in runs))}", "--fit-on")
+        return [r.label in fit_on or Path(r.source).name in fit_on for r in runs]
     if len(runs) < 2:
         return [True] * len(runs)
     return [i % 2 == 0 for i in range(len(runs))]
@@ -269,6 +280,7 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
               "frontend.per_request_us": base.frontend.per_request_us,
               "frontend.per_prompt_token_us": base.frontend.per_prompt_token_us}
     rounds = []
+    unfitted: set[str] = set()
     total = 2 * ROUNDS * sum(fitted) + len(runs)
     done = 0
     for k in range(ROUNDS):
@@ -287,7 +299,11 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
             df = pd.concat(frames, ignore_index=True)
             if half == "host":  # TPOT: residual = s * (d_step + d_seq * rows)
                 X = np.column_stack([df["s"], df["s"] * df["rows"]])
-                d = _robust_lstsq(X, (df["tpot_m"] - df["tpot_s"]).to_numpy()) * 1e6
+                y = (df["tpot_m"] - df["tpot_s"]).to_numpy()
+                if not (np.isfinite(y) & np.isfinite(X).all(axis=1)).sum() >= 3:
+                    unfitted.update(("host.per_step_us", "host.per_seq_us"))
+                    continue  # (no request with two tokens or more: nothing says what a decode step costs)
+                d = _robust_lstsq(X, y) * 1e6
                 keys = ("host.per_step_us", "host.per_seq_us")
             else:  # TTFT: residual = k * d_req + p * d_tok (k requests, p prompt tokens in its busy period)
                 X = np.column_stack([df["in_k"].to_numpy(), df["in_p"].to_numpy()])
@@ -296,8 +312,8 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
             relax = RELAX if half == "host" else 1.0  # (the frontend's slopes are its exact derivatives)
             for key, delta in zip(keys, d):
                 values[key] = max(0.0, float(values[key] + relax * delta))
-        change = max((abs(values[t] - old[t]) / max(abs(values[t]), 1e-9) for t in FITTED_TERMS if values[t] or old[t]),
-                     default=0.0)
+        # (relative change, over at least 0.01 us: a term creeping up from 0 is not moving)
+        change = max((abs(values[t] - old[t]) / max(abs(values[t]), 0.01) for t in FITTED_TERMS), default=0.0)
         rounds.append(dict(values, change=change))
         if change < TOLERANCE:
             break
@@ -312,8 +328,8 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
         if progress:
             progress(done, total, f"predict {run.label}")
     files = [{"path": s, "sha256": _sha(s)} for s in dict.fromkeys(r.source for r in runs)]
-    fit = BenchFit(terms={t: round(values[t], 3) for t in FITTED_TERMS}, rounds=rounds, rows=rows, runs=run_info,
-                   setup=setup, files=files)
+    fit = BenchFit(terms={t: round(values[t], 3) for t in FITTED_TERMS if t not in unfitted}, rounds=rounds,
+                   rows=rows, runs=run_info, setup=setup, files=files, unfitted=sorted(unfitted))
     fit.profile = _profile(_hardware(_scenario(setup, runs[0], terms)), fit, name)
     return fit
 
@@ -326,7 +342,8 @@ def _profile(hw, fit: BenchFit, name: str | None):
     held = [r for r in fit.rows if r["split"] == "held-out" and r["percentile"] == "p50"
             and r["metric"] in ("ttft", "tpot") and math.isfinite(r["rel_error"])]
     prov["from_bench"] = {
-        "files": fit.files, "benchmarks": fit.runs, "fitted": list(FITTED_TERMS), "terms_us": fit.terms,
+        "files": fit.files, "benchmarks": fit.runs, "fitted": [t for t in FITTED_TERMS if t not in fit.unfitted],
+        "not_fitted": fit.unfitted, "terms_us": fit.terms, "dtype": fit.setup.dtype,
         "rounds": len(fit.rounds), "model": fit.setup.model, "tensor_parallel_size": fit.setup.tensor_parallel_size,
         "engine_preset": fit.setup.engine_preset, "policy": fit.setup.policy, "base_profile": hw.name,
         "held_out_p50_abs_error_max": max((abs(r["rel_error"]) for r in held), default=None),
@@ -334,8 +351,11 @@ def _profile(hw, fit: BenchFit, name: str | None):
     }
     fitted = (f"fitted by batchsim calibrate --from-bench on {len(fit.files)} file(s) of the user's engine "
               "(provenance.from_bench)")
-    prov["host_overhead"] = f"per_step_us and per_seq_us {fitted}; per_decode_step_us and per_tp_rank_us from {hw.name}"
-    prov["frontend"] = f"per_request_us and per_prompt_token_us {fitted}; the out terms 0 (folded into per_request_us)"
+    host = ("per_step_us and per_seq_us from " + hw.name + " (the benchmarks have no request of two tokens or more)"
+            if "host.per_step_us" in fit.unfitted else f"per_step_us and per_seq_us {fitted}")
+    prov["host_overhead"] = f"{host}; per_decode_step_us and per_tp_rank_us from {hw.name}"
+    prov["frontend"] = (f"per_request_us and per_prompt_token_us {fitted}; per_step_us and per_output_token_us "
+                        f"from {hw.name} (a constant delay out is fitted into per_request_us)")
     data["provenance"] = prov
     return type(hw).model_validate(data)
 

@@ -53,7 +53,8 @@ DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 
 # Knobs that are not a policy's rules: the replica's KV cache (and prefix caching, for the policies
 # that have it) is the same whichever policy a compare, sweep, plan or `run --policy` swaps in.
-KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "max_model_len", "enable_prefix_caching")
+KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "gpu_memory_utilization_of", "max_model_len",
+              "enable_prefix_caching")
 
 
 def parse_policies(text: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -86,6 +87,8 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
     data = scenario_data(scenario)
     keep = {k: v for k, v in scenario.policy.items() if k in KEEP_KNOBS and k in fields}
     data["policy"] = {**keep, **scenario.policy_knobs.get(name, {}), "name": name}
+    if scenario.engine_preset_keys:  # (the kept knobs the preset filled stay its: it resolves them for `name`)
+        data["engine_preset_keys"] = [k for k in scenario.engine_preset_keys if k in keep]
     return scenario_from_dict(data, f"--policies {name}")
 
 

@@ -15,7 +15,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from batchsim.sim.errors import InputError
 from batchsim.sim.safe_yaml import DuplicateKeyError, load_yaml
@@ -51,24 +51,27 @@ class MeasureConfig(NoBoolNumbers):
                             "no steps.csv (see batchsim/sim/aggregate.py)")
 
 
+_US_MAX = 1e9  # (microseconds: a term of over 1000 s is a typo, and inf made the profile fail to validate)
+
+
 class HostTerms(NoBoolNumbers):
     """Overrides of the hardware profile's host_overhead terms (batchsim.calibrate.hardware.HostOverhead)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    per_step_us: float | None = Field(None, ge=0)
-    per_seq_us: float | None = Field(None, ge=0)
-    per_decode_step_us: float | None = Field(None, ge=0)
-    per_tp_rank_us: float | None = Field(None, ge=0)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    per_step_us: float | None = Field(None, ge=0, le=_US_MAX)
+    per_seq_us: float | None = Field(None, ge=0, le=_US_MAX)
+    per_decode_step_us: float | None = Field(None, ge=0, le=_US_MAX)
+    per_tp_rank_us: float | None = Field(None, ge=0, le=_US_MAX)
 
 
 class FrontendTerms(NoBoolNumbers):
     """Overrides of the hardware profile's frontend terms (batchsim.calibrate.hardware.FrontendOverhead)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    per_request_us: float | None = Field(None, ge=0)
-    per_prompt_token_us: float | None = Field(None, ge=0)
-    per_step_us: float | None = Field(None, ge=0)
-    per_output_token_us: float | None = Field(None, ge=0)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    per_request_us: float | None = Field(None, ge=0, le=_US_MAX)
+    per_prompt_token_us: float | None = Field(None, ge=0, le=_US_MAX)
+    per_step_us: float | None = Field(None, ge=0, le=_US_MAX)
+    per_output_token_us: float | None = Field(None, ge=0, le=_US_MAX)
 
 
 class OverheadConfig(NoBoolNumbers):
@@ -121,12 +124,16 @@ class Scenario(NoBoolNumbers):
                             "compiler is at hand, else the Python engine; python; core (an error if it "
                             "cannot). Both give the same records byte for byte")
 
+    engine_preset_keys: tuple[str, ...] = Field(
+        (), description="(written by batchsim when it applies engine_preset) the policy keys the preset "
+                        "filled, so that a changed hardware, tp or preset resolves them again; leave unset")
+
     @field_validator("policy", mode="before")
     @classmethod
-    def _policy_name(cls, v: Any) -> Any:
+    def _policy_name(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, str):
             return {"name": v}
-        if isinstance(v, dict) and "name" not in v:
+        if isinstance(v, dict) and "name" not in v and not info.data.get("engine_preset"):
             raise ValueError("the policy needs a 'name' (static, dynamic, continuous, chunked_prefill)")
         return v
 
@@ -256,7 +263,7 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         sc = Scenario.model_validate(data)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source, Scenario)) from None
-    if sc.engine_preset is not None:
+    if sc.engine_preset is not None or sc.engine_preset_keys:
         from batchsim.engines import apply_preset
 
         try:

@@ -223,7 +223,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     fe = getattr(parts.cost, "frontend", None)
     engine_wl = parts.workload  # (what the engine's queue receives: an open loop past the frontend)
     if fe is not None and engine_wl.closed is None:
-        engine_wl = replace(engine_wl, arrival=engine_arrivals(engine_wl.arrival, engine_wl.prompt_tokens, fe[0], fe[1]))
+        engine_wl = replace(engine_wl, arrival=engine_arrivals(engine_wl.arrival, engine_wl.prompt_tokens, fe[0], fe[1],
+                                                               servers=scenario.replicas))
         parts = replace(parts, workload=engine_wl)
     why = choose_engine(scenario, pols[0], parts, replica, type(caches[0]), pols[1:])
     use_core = why is None
@@ -275,6 +276,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         step_df = step_df.iloc[np.lexsort((step_df["replica"].to_numpy(), step_df["end"].to_numpy()))]
         step_df = step_df.reset_index(drop=True)
         itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
+    if fe is not None and scenario.horizon_s is not None:
+        requests, itl_df = _frontend_horizon(requests, itl_df, client, parts.workload, scenario.horizon_s)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
     n_sent = _arrived(workload, math.inf)  # (every request of an open loop; those sent, of a closed one)
     last_end = (steps.totals()["max_end"] if aggregate else
@@ -324,6 +327,45 @@ def _client_times(requests: pd.DataFrame, sent: np.ndarray) -> pd.DataFrame:
     requests["frontend_in_s"] = requests["arrival"].to_numpy(dtype=np.float64) - client
     requests["arrival"] = client
     return add_latencies(requests)
+
+
+def _frontend_horizon(requests: pd.DataFrame, itl: pd.DataFrame, sent: np.ndarray, workload: Workload,
+                      horizon: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What the clients have at ``horizon_s`` when a frontend stands between them and the engine:
+    tokens the frontend streams after it are not theirs (a completion after it is unfinished, a
+    first token after it is none, gaps ending after it are dropped from full records), and
+    requests sent before it but still in the frontend's queue are unfinished requests."""
+    req = requests.copy()
+    for col in ("first_token", "last_token", "completion"):
+        late = req[col].to_numpy(dtype=np.float64) > horizon
+        req.loc[late, col] = np.nan
+    late = (req["status"] == "completed").to_numpy() & req["completion"].isna().to_numpy()
+    req.loc[late, "status"] = UNFINISHED
+    if len(itl):  # (full records: each request's gaps are in time order from its first token)
+        first = pd.Series(requests["first_token"].to_numpy(), index=requests["rid"].to_numpy())
+        at = first.reindex(itl["rid"].to_numpy()).to_numpy() + itl.groupby("rid", sort=False)["gap"].cumsum().to_numpy()
+        itl = itl[~(at > horizon)].reset_index(drop=True)
+        kept = itl.groupby("rid", sort=False)["gap"].max()
+        req["max_itl"] = kept.reindex(req["rid"].to_numpy()).fillna(0.0).to_numpy()
+    seen = np.zeros(len(workload), dtype=bool)
+    seen[req["rid"].to_numpy()] = True
+    waiting = np.flatnonzero(~seen & (np.asarray(sent, dtype=np.float64) < horizon))
+    if len(waiting):
+        k = len(waiting)
+        nan = np.full(k, np.nan)
+        rows = pd.DataFrame({
+            "rid": waiting.astype(np.int64), "replica": np.full(k, -1, dtype=np.int64),
+            "status": np.full(k, UNFINISHED, dtype=object), "reason": np.full(k, "", dtype=object),
+            "arrival": np.asarray(sent, dtype=np.float64)[waiting],
+            "prompt_tokens": workload.prompt_tokens[waiting].astype(np.int64),
+            "output_tokens": workload.output_tokens[waiting].astype(np.int64),
+            "generated_tokens": np.zeros(k, dtype=np.int64), "admitted": nan, "first_token": nan,
+            "last_token": nan, "completion": nan, "ttft": nan, "tpot": nan, "e2el": nan,
+            "max_itl": np.zeros(k), "preemptions": np.zeros(k, dtype=np.int64),
+            "cached_tokens": np.zeros(k, dtype=np.int64), "frontend_in_s": nan})
+        req = pd.concat([req, rows[req.columns]], ignore_index=True).sort_values("rid", kind="stable")
+        req = req.reset_index(drop=True)
+    return add_latencies(req), itl
 
 
 def _closed_loop_warnings(requests: pd.DataFrame, workload: Workload, sent: int) -> list[str]:

@@ -82,7 +82,7 @@ def with_concurrency(scenario: Scenario, clients: int) -> Scenario:
     if arrival.get("process") != "closed":
         raise InputError(f"--concurrency sweeps a closed loop's clients, but the arrival process is "
                          f"'{arrival.get('process', 'a trace')}'; set workload.arrival: {{process: closed, "
-                         "concurrency: N}} or sweep --rates", "workload.arrival")
+                         "concurrency: N} or sweep --rates", "workload.arrival")
     n = getattr(w, "num_requests", None)
     if n is not None and clients >= n:
         raise InputError(f"{clients} clients for {n} requests would send every request at once (no steady "

@@ -107,7 +107,7 @@ class HostOverhead(BaseModel):
     per_decode_step_us: float = Field(0.0, ge=0, description="more per step that has decode rows")
     # NOTE: with TP > 1 the scheduler's output is broadcast to every worker each step (vLLM's
     # shared-memory message queue, SGLang's and TRT-LLM's per-rank executors): time per extra rank.
-    per_tp_rank_us: float = Field(0.0, ge=0, description="more per step for each tensor-parallel rank past the first")
+    per_tp_rank_us: float = Field(0.0, ge=0, le=1e9, description="more per step for each tensor-parallel rank past the first")
 
     def step_us(self, tp: int) -> float:
         """The per-step term at tensor-parallel size ``tp``."""
@@ -127,10 +127,10 @@ class FrontendOverhead(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    per_request_us: float = Field(0.0, ge=0, description="receive, parse, route: per request")
-    per_prompt_token_us: float = Field(0.0, ge=0, description="tokenize: per prompt token")
-    per_step_us: float = Field(0.0, ge=0, description="output processing: per engine step that emits tokens")
-    per_output_token_us: float = Field(0.0, ge=0, description="detokenize and stream: per token emitted")
+    per_request_us: float = Field(0.0, ge=0, le=1e9, description="receive, parse, route: per request")
+    per_prompt_token_us: float = Field(0.0, ge=0, le=1e9, description="tokenize: per prompt token")
+    per_step_us: float = Field(0.0, ge=0, le=1e9, description="output processing: per engine step that emits tokens")
+    per_output_token_us: float = Field(0.0, ge=0, le=1e9, description="detokenize and stream: per token emitted")
 
     @property
     def active(self) -> bool:

@@ -36,12 +36,14 @@ PRESETS: tuple[str, ...] = tuple(sorted(p.stem for p in _DIR.glob("*.yaml")))
 
 
 class Rule(BaseModel):
-    """A device-dependent value: applies when the device has at least ``min_memory_gib`` and its
-    name contains none of ``except_names``; the last rule that applies wins."""
+    """A deployment-dependent value: applies when the device has at least ``min_memory_gib``, its
+    name contains none of ``except_names``, and the context length (``max_model_len``, else the
+    model's) is at least ``min_context_tokens``; the last rule that applies wins."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min_memory_gib: float = Field(ge=0)
+    min_memory_gib: float = Field(0.0, ge=0)
     except_names: tuple[str, ...] = ()
+    min_context_tokens: int = Field(0, ge=0)
     value: Any
 
 
@@ -103,8 +105,9 @@ def _context(scenario, policy: dict) -> int:
 
 def _derive(kind: str, scenario, policy: dict) -> int:
     """A knob the engine computes from the deployment (each as the preset's source states it)."""
-    if kind == "max_model_len_at_least_2048":  # vLLM V0 without chunked prefill
-        return max(_context(scenario, policy), 2048)
+    if kind == "max_model_len_at_least_2048":  # vLLM V0: without chunked prefill; with it (> 32K), 2048
+        context = _context(scenario, policy)
+        return 2048 if context > 32768 else max(context, 2048)
     # SGLang: min(clamp(int(token_capacity / context_len * 512), 2048, 4096), token_capacity // 2),
     # capped at the chunk budget (batchsim's decode steps share it)
     from batchsim.app.runner import build_cost
@@ -125,8 +128,10 @@ def _value(knob: Knob, scenario, policy: dict, hw) -> tuple[bool, Any]:
         return True, _derive(knob.derive, scenario, policy)
     value = knob.value
     name = hw.name.lower()
+    context = _context(scenario, policy) if any(r.min_context_tokens for r in knob.rules) else 0
     for rule in knob.rules:
-        if hw.memory_gib >= rule.min_memory_gib and not any(x in name for x in rule.except_names):
+        if (hw.memory_gib >= rule.min_memory_gib and not any(x in name for x in rule.except_names)
+                and context >= rule.min_context_tokens):
             value = rule.value
     return True, value
 
@@ -141,44 +146,65 @@ def _fields(policy_name: str) -> set[str] | None:
     return set(cls.Config.model_fields)
 
 
-def _resolve(scenario) -> tuple[dict, dict]:
-    """(policy section in effect, per-knob report) of a scenario with an engine preset."""
+def _user_policy(scenario) -> dict:
+    """The policy keys the scenario itself set (not those a preset filled before)."""
+    if "policy" not in scenario.model_fields_set:
+        return {}
+    filled = set(scenario.engine_preset_keys)
+    return {k: v for k, v in scenario.policy.items() if k not in filled}
+
+
+def _resolve(scenario) -> tuple[dict, dict, tuple[str, ...]]:
+    """(policy section in effect, per-knob report, the keys the preset filled) of a scenario with
+    an engine preset."""
     preset = load_preset(scenario.engine_preset)
     hw = _hardware(scenario)
-    user = dict(scenario.policy) if "policy" in scenario.model_fields_set else {}
+    user = _user_policy(scenario)
     name_knob = preset.policy.get("name")
-    name = user.get("name", name_knob.value if name_knob else "continuous")
-    accepted = _fields(name)
-    merged: dict[str, Any] = {"name": name}
+    merged: dict[str, Any] = {}
     report: dict[str, dict] = {}
+    filled: list[str] = []
+    if "name" in user:
+        name = user["name"]
+    else:
+        _, name = _value(name_knob, scenario, user, hw) if name_knob else (True, "continuous")
+        merged["name"] = name
+        filled.append("name")
+    accepted = _fields(name)
+    report["name"] = {"value": name, "from": "scenario" if "name" in user else "preset",
+                      "source": name_knob.source if name_knob else ""}
     for key, knob in preset.policy.items():
         if key == "name":
-            ok, value = True, knob.value
-        elif accepted is not None and key not in accepted:
+            continue
+        if accepted is not None and key not in accepted:
             report[key] = {"value": None, "from": f"left out: policy {name!r} has no such knob",
                            "source": knob.source}
             continue
-        else:
-            ok, value = _value(knob, scenario, {**merged, **user}, hw)
+        ok, value = _value(knob, scenario, {**merged, **user}, hw)
         if key in user:
             report[key] = {"value": user[key], "from": "scenario", "preset_value": value if ok else None,
                            "source": knob.source}
         elif ok:
             merged[key] = value
+            filled.append(key)
             report[key] = {"value": value, "from": "preset", "source": knob.source}
         else:
             report[key] = {"value": None, "from": "left out: the workload names no shared prefixes",
                            "source": knob.source}
     merged.update(user)
-    return merged, report
+    return merged, report, tuple(filled)
 
 
 def apply_preset(scenario):
-    """``scenario`` with its preset's knobs in its policy section (its own keys win)."""
+    """``scenario`` with its preset's knobs in its policy section (its own keys win), resolved for
+    its deployment; ``engine_preset_keys`` records which keys the preset filled. Without a preset,
+    the keys an earlier preset filled are taken out again."""
     if scenario.engine_preset is None:
-        return scenario
-    merged, _ = _resolve(scenario)
-    return scenario.model_copy(update={"policy": merged})
+        user = _user_policy(scenario)
+        return scenario.model_copy(update={"policy": user if "name" in user else {"name": "continuous", **user},
+                                           "engine_preset_keys": ()})
+    merged, _, filled = _resolve(scenario)
+    return scenario.model_copy(update={"policy": merged, "engine_preset_keys": filled})
 
 
 def preset_report(scenario) -> dict | None:
@@ -186,13 +212,18 @@ def preset_report(scenario) -> dict | None:
     if scenario.engine_preset is None:
         return None
     preset = load_preset(scenario.engine_preset)
-    _, knobs = _resolve(scenario)
-    for key, entry in knobs.items():  # (after apply_preset every key is in the policy: say whose value it is)
-        if entry["from"] == "scenario" and entry.get("preset_value") == entry["value"]:
-            entry["from"] = "preset"
-            entry.pop("preset_value", None)
+    _, knobs, _ = _resolve(scenario)
     return {"name": preset.name, "engine": preset.engine, "version": preset.version, "knobs": knobs,
             "notes": list(preset.notes)}
+
+
+def _rule_text(r: Rule) -> str:
+    when = []
+    if r.min_memory_gib:
+        when.append(f"from {r.min_memory_gib:g} GiB" + (f" except {', '.join(r.except_names)}" if r.except_names else ""))
+    if r.min_context_tokens:
+        when.append(f"from a {r.min_context_tokens}-token context")
+    return f"`{r.value}` " + " and ".join(when)
 
 
 def preset_markdown(name: str) -> str:
@@ -205,9 +236,7 @@ def preset_markdown(name: str) -> str:
         else:
             value = f"`{knob.value}`"
             if knob.rules:
-                value += " (" + "; ".join(
-                    f"`{r.value}` from {r.min_memory_gib:g} GiB"
-                    + (f" except {', '.join(r.except_names)}" if r.except_names else "") for r in knob.rules) + ")"
+                value += " (" + "; ".join(_rule_text(r) for r in knob.rules) + ")"
         if knob.when:
             value += " when the workload names shared prefixes"
         lines.append(f"| `{key}` | {value} | {knob.source} |")

@@ -165,8 +165,9 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
         r["saturated"] = "yes" if r.get("saturated") else "no"
     unit = "req/s" if load == "rate" else "clients"
     point = lambda r: f"{r.get('policy', '')} @ {r.get(load, float('nan')):g} {unit}"  # noqa: E731
-    columns = SWEEP_COLUMNS if load == "rate" else tuple(
-        Column("clients", "concurrency", "f0") if c.key == "rate" else c for c in SWEEP_COLUMNS)
+    columns = SWEEP_COLUMNS if load == "rate" else tuple(  # (a closed loop offers what it is served)
+        Column("clients", "concurrency", "f0") if c.key == "rate" else c for c in SWEEP_COLUMNS
+        if c.key != "offered_output_throughput")
     sections = _warning_sections(rows, [], point) + [
         ("Saturation", H.notes_html(sat + [SATURATION_RULE if load == "rate" else CLOSED_SATURATION_RULE])),
         ("Latency and throughput against offered load", H.figure_html(
@@ -174,7 +175,12 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
             "A line per policy; stars and dotted verticals mark each policy's saturation point; dashed "
             "black lines are the offered load. Throughput under load is what the saturation rule "
             "compares with the offered load (the tables also give the whole-run output throughput). "
-            "Error bars: 95% CI over seeds when there are several.")),
+            "Error bars: 95% CI over seeds when there are several.")) if load == "rate" else
+        ("Latency and throughput against closed-loop clients", H.figure_html(
+            png, "latency, throughput and goodput against closed-loop clients",
+            "A line per policy; stars and dotted verticals mark each policy's saturation point, where "
+            "served throughput comes within 10% of its highest. Error bars: 95% CI over seeds when there "
+            "are several.")),
         ("Sweep points", H.table_html(rows, columns, "sweep")),
         ("Policies compared (every knob)", H.notes_html(policy_knobs)),
         ("All columns (sweep.csv)", "<details><summary>show every column</summary>"

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import simpy
 
-from batchsim.sim.frontend import delivered_at, tokenized_at
+from batchsim.sim.frontend import InServers, delivered_at
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.protocols import CostModel, Policy, PolicyError
 from batchsim.sim.records import ItlLog, StepLog
@@ -338,7 +338,7 @@ class Cluster:
         else:
             self._ended: dict[int, simpy.Event] = {}
             self._next = 0
-            self._in_free = -np.inf
+            self._in = InServers(len(self.replicas))
             for r in self.replicas:
                 r.on_done = self._end
             for _ in range(min(workload.closed.concurrency, len(workload))):
@@ -378,8 +378,7 @@ class Cluster:
             ended = self._ended[rid] = env.event()
             self.sent[rid] = env.now
             if fe is not None:  # (through the frontend first: batchsim.sim.frontend)
-                at = self._in_free = tokenized_at(env.now, int(self.workload.prompt_tokens[rid]), self._in_free,
-                                                  fe[0], fe[1])
+                at = self._in.take(env.now, int(self.workload.prompt_tokens[rid]), fe[0], fe[1])
                 if at > env.now:
                     yield env.timeout(at - env.now)
             self.arrival[rid] = env.now

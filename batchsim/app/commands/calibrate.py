@@ -17,6 +17,8 @@ import typer
 
 __all__ = ["register", "calibrate_command", "validate_command"]
 
+BENCH_P50_TOL = 0.10  # validate --bench: the TTFT/TPOT p50 error #22 asks a calibrated profile to stay within
+
 DeviceOpt = Annotated[str, typer.Option(help="where to run the kernels: cpu, cuda or cuda:<index>")]
 ThreadsOpt = Annotated[int, typer.Option(min=0, help="torch CPU threads while timing (0: leave torch's default)")]
 
@@ -158,6 +160,8 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
     console = Console(width=None if Console().is_terminal else 120, highlight=False)
     console.print(_bench_table(fit.rows, f"{setup.model} on {hardware}: measured vs simulated with the fitted terms"))
     terms = ", ".join(f"{k} {v:g}" for k, v in fit.terms.items())
+    if fit.unfitted:
+        terms += f" (not fitted, the profile's kept: {', '.join(fit.unfitted)})"
     console.print(f"fitted in {len(fit.rounds)} rounds on {sum(r['split'] == 'fit' for r in fit.runs)} of "
                   f"{len(fit.runs)} benchmarks: {terms}")
     if all(r["split"] == "fit" for r in fit.runs):
@@ -181,7 +185,7 @@ def validate_command(
     seed: Annotated[int, typer.Option(min=0, help="workload seed")] = 0,
     repeats: Annotated[int, typer.Option(min=1, help="executor runs per policy (metrics: their median)")] = 1,
     step_repeats: Annotated[int, typer.Option(min=1, help="runs of each executed step; it costs the median run")] = 3,
-    p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu)")] = None,
+    p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu; with --bench 0.10)")] = None,
     p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25, batchsim.app.validate.TOL_P99; with --replay, the recorded one)")] = None,
     threads: ThreadsOpt = 1,
     replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
@@ -189,6 +193,7 @@ def validate_command(
     tp: Annotated[int, typer.Option(min=1, help="with --bench: tensor-parallel size of the benchmarked deployment")] = 1,
     engine_preset: Annotated[str, typer.Option(help="with --bench: the engine's preset ('none': the policy options alone)")] = "vllm-v1",
     policy_set: Annotated[Optional[list[str]], typer.Option("--policy-set", help="with --bench: KEY=VALUE over the preset's policy knobs")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="with --bench: weight dtype of the benchmarked model (default: the one --profile was fitted with, else bf16)")] = None,
 ) -> None:
     """Run one workload through the reference executor and the simulator per policy; compare.
     With --bench: replay a real engine's benchmark through the simulator and compare."""
@@ -200,7 +205,11 @@ def validate_command(
     if bench:
         from batchsim.app.bench_fit import load_runs, validate_bench, write_report
 
-        setup = _bench_setup([model] if model else None, str(profile), tp, "bf16", engine_preset, policy_set)
+        if dtype is None:  # (the dtype calibrate --from-bench fitted the profile with)
+            from batchsim.calibrate.hardware import load_hardware
+
+            dtype = ((load_hardware(str(profile)).provenance or {}).get("from_bench") or {}).get("dtype", "bf16")
+        setup = _bench_setup([model] if model else None, str(profile), tp, dtype, engine_preset, policy_set)
         runs = load_runs(bench)
         bar, tick = _progress("replaying")
         with bar:
@@ -209,11 +218,13 @@ def validate_command(
         console = Console(width=None if Console().is_terminal else 120, highlight=False)
         console.print(_bench_table(rows, f"{setup.model} with {profile}: measured vs simulated"))
         console.print(f"written: {', '.join(str(f) for f in files.values())}")
+        tol = BENCH_P50_TOL if p50_tol is None else p50_tol
         bad = [r for r in rows if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot")
-               and p50_tol is not None and not abs(r["rel_error"]) <= p50_tol]
+               and not abs(r["rel_error"]) <= tol]
         if bad:
-            console.print(f"[bold red]FAILED[/]: {len(bad)} TTFT/TPOT p50 errors over {p50_tol:.0%}")
+            console.print(f"[bold red]FAILED[/]: {len(bad)} TTFT/TPOT p50 errors over {tol:.0%}")
             raise typer.Exit(1)
+        console.print(f"[green]OK[/]: every TTFT/TPOT p50 within {tol:.0%}")
         return
 
     if replay is not None:
