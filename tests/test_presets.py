@@ -137,3 +137,32 @@ def test_vllm_v0_turns_chunked_prefill_on_past_a_32k_context():
     sc = scenario_from_dict(_raw("vllm-v0", model="llama-3.1-8b"))
     assert (sc.policy["name"], sc.policy["max_num_batched_tokens"], sc.policy["prefill_mode"]) == (
         "chunked_prefill", 2048, "mixed")
+
+
+def test_jobs_that_set_a_preset_filled_knob_keep_their_value():
+    from batchsim.app.capacity.grid import build_configs
+    from batchsim.app.compare import with_policy
+    from batchsim.app.config import apply_overrides
+
+    raw = _raw("vllm-v1", policy_knobs={"static": {"block_size": 32}})
+    sc = scenario_from_dict(raw)
+    assert with_policy(sc, "static").policy["block_size"] == 32  # (policy_knobs win over the preset)
+    assert scenario_from_dict(apply_overrides(dict(raw), ["policy.max_num_seqs=8"])).policy["name"] == "chunked_prefill"
+    configs = build_configs(sc, hardware=["h100-sxm", "a100-80gb"], knobs=[("policy.max_num_batched_tokens", [4096])])
+    for c in configs:
+        assert c.scenario["policy"]["max_num_batched_tokens"] == 4096
+    by_hw = {c.hardware: scenario_from_dict(c.scenario).policy["max_num_seqs"] for c in configs}
+    assert by_hw == {"h100-sxm": 1024, "a100-80gb": 256}
+
+
+def test_vllm_v0s_context_rule_follows_the_chosen_policy():
+    sc = scenario_from_dict(_raw("vllm-v0", model="llama-3.1-8b", policy={"name": "continuous"}))
+    assert (sc.policy["max_num_batched_tokens"], sc.policy["prefill_mode"]) == (131072, "separate")
+
+
+def test_the_presets_record_is_not_part_of_the_scenarios_hashes(tmp_path):
+    from batchsim.app.regress import scenario_inputs
+
+    a = scenario_from_dict(_raw("vllm-v1"))
+    b = a.model_copy(update={"engine_preset_values": {}})
+    assert scenario_inputs(a, tmp_path) == scenario_inputs(b, tmp_path)

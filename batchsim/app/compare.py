@@ -87,8 +87,10 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
     data = scenario_data(scenario)
     keep = {k: v for k, v in scenario.policy.items() if k in KEEP_KNOBS and k in fields}
     data["policy"] = {**keep, **scenario.policy_knobs.get(name, {}), "name": name}
-    if scenario.engine_preset_keys:  # (the kept knobs the preset filled stay its: it resolves them for `name`)
-        data["engine_preset_keys"] = [k for k in scenario.engine_preset_keys if k in keep]
+    if scenario.engine_preset_values:  # (kept knobs the preset filled stay its: it resolves them for `name`)
+        mine = scenario.policy_knobs.get(name, {})
+        data["engine_preset_values"] = {k: v for k, v in scenario.engine_preset_values.items()
+                                        if k in keep and k not in mine}
     return scenario_from_dict(data, f"--policies {name}")
 
 

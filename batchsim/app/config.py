@@ -124,9 +124,11 @@ class Scenario(NoBoolNumbers):
                             "compiler is at hand, else the Python engine; python; core (an error if it "
                             "cannot). Both give the same records byte for byte")
 
-    engine_preset_keys: tuple[str, ...] = Field(
-        (), description="(written by batchsim when it applies engine_preset) the policy keys the preset "
-                        "filled, so that a changed hardware, tp or preset resolves them again; leave unset")
+    engine_preset_values: dict[str, Any] = Field(
+        default_factory=dict,
+        description="(written by batchsim when it applies engine_preset) the policy values the preset filled: "
+                    "a key still holding its value is the preset's, resolved again when the hardware, tp or "
+                    "preset changes; leave unset")
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -223,7 +225,9 @@ def _set_dotted(d: dict, dotted: str, value: Any) -> None:
         if isinstance(nxt, str) and k == "policy":
             nxt = {"name": nxt}
         if nxt is None and depth == 0 and k == "policy":  # --set policy.knob=v keeps the default policy
-            nxt = Scenario.model_fields["policy"].get_default(call_default_factory=True)
+            # (or, with an engine preset, the preset's: a policy without a name takes its name)
+            nxt = ({} if d.get("engine_preset") else
+                   Scenario.model_fields["policy"].get_default(call_default_factory=True))
         if not isinstance(nxt, dict):
             nxt = {}
         d[k] = nxt
@@ -249,6 +253,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         except (yaml.YAMLError, RecursionError):  # not YAML: keep the text, validation says what is wrong
             value = raw
         _set_dotted(data, key.strip(), value)
+        filled = data.get("engine_preset_values")
+        path = key.strip().split(".")
+        if isinstance(filled, dict) and path[0] == "policy":  # (a key set here is the user's, not the preset's)
+            if len(path) == 1:
+                filled.clear()
+            else:
+                filled.pop(path[1], None)
     return data
 
 
@@ -263,7 +274,7 @@ def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
         sc = Scenario.model_validate(data)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source, Scenario)) from None
-    if sc.engine_preset is not None or sc.engine_preset_keys:
+    if sc.engine_preset is not None or sc.engine_preset_values:
         from batchsim.engines import apply_preset
 
         try:

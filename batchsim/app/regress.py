@@ -146,6 +146,7 @@ def scenario_inputs(scenario: Scenario, base_dir: Path) -> dict[str, str]:
     the same scenario is exactly what the gate must compare.
     """
     dump = scenario.model_dump(mode="json", exclude_defaults=True)
+    dump.pop("engine_preset_values", None)  # (batchsim's record of what a preset filled: the policy says it)
     dump["policy"] = _policy_dump(scenario.policy)
     inputs = {"scenario": _sha(_canonical(dump))}
     for label, path in _referenced(scenario.model_dump(mode="json"), base_dir):

@@ -279,11 +279,13 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     if fe is not None and scenario.horizon_s is not None:
         requests, itl_df = _frontend_horizon(requests, itl_df, client, parts.workload, scenario.horizon_s)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
-    n_sent = _arrived(workload, math.inf)  # (every request of an open loop; those sent, of a closed one)
+    # (every request of an open loop; those its clients sent, of a closed one)
+    n_sent = (int(np.isfinite(cluster.sent).sum()) if parts.workload.closed is not None
+              else _arrived(workload, math.inf))
     last_end = (steps.totals()["max_end"] if aggregate else
                 float(step_df["end"].max()) if len(step_df) else 0.0)
     last = max([last_end if last_end > -math.inf else 0.0,
-                float(workload.arrival[n_sent - 1]) if n_sent else 0.0])
+                float(np.max(workload.arrival, where=np.isfinite(workload.arrival), initial=0.0))])
     sim_end = now if unfinished else last
     kv0 = caches[0]
     totals = RunTotals(
@@ -398,6 +400,7 @@ def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: in
     the whole resolved scenario but its ``engine`` (equal hashes: the same simulation)."""
     resolved = scenario.model_dump(mode="json")
     resolved.pop("engine", None)  # (which engine runs never changes the numbers: not part of the hash)
+    resolved.pop("engine_preset_values", None)  # (a record of what the preset filled: the policy holds it)
     wl = resolved.get("workload", {})
     return {
         "batchsim_version": __version__, "engine": engine,
@@ -418,6 +421,8 @@ def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: in
 
 def _arrived(workload: Workload, horizon: float | None) -> int:
     """How many requests arrive before the horizon (SimPy never runs events at it)."""
+    if workload.closed is not None:  # (sent as the run went: in rid order, but a frontend pool may reorder them)
+        return int((workload.arrival < (math.inf if horizon is None else horizon)).sum())
     return len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
 
 

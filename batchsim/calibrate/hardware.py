@@ -100,11 +100,11 @@ class HostOverhead(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    per_step_us: float = Field(ge=0)
-    per_seq_us: float = Field(ge=0)
+    per_step_us: float = Field(ge=0, le=1e9)
+    per_seq_us: float = Field(ge=0, le=1e9)
     # NOTE: an eager decode attention launches several kernels more than a prefill's (gather,
     # mask, SDPA): on the H200 of docs/validation.md decode steps took ~2 ms more host time
-    per_decode_step_us: float = Field(0.0, ge=0, description="more per step that has decode rows")
+    per_decode_step_us: float = Field(0.0, ge=0, le=1e9, description="more per step that has decode rows")
     # NOTE: with TP > 1 the scheduler's output is broadcast to every worker each step (vLLM's
     # shared-memory message queue, SGLang's and TRT-LLM's per-rank executors): time per extra rank.
     per_tp_rank_us: float = Field(0.0, ge=0, le=1e9, description="more per step for each tensor-parallel rank past the first")

@@ -44,6 +44,7 @@ class Rule(BaseModel):
     min_memory_gib: float = Field(0.0, ge=0)
     except_names: tuple[str, ...] = ()
     min_context_tokens: int = Field(0, ge=0)
+    when_policy: str | None = None  # applies only when the resolved policy is this one
     value: Any
 
 
@@ -106,8 +107,7 @@ def _context(scenario, policy: dict) -> int:
 def _derive(kind: str, scenario, policy: dict) -> int:
     """A knob the engine computes from the deployment (each as the preset's source states it)."""
     if kind == "max_model_len_at_least_2048":  # vLLM V0: without chunked prefill; with it (> 32K), 2048
-        context = _context(scenario, policy)
-        return 2048 if context > 32768 else max(context, 2048)
+        return 2048 if policy.get("name") == "chunked_prefill" else max(_context(scenario, policy), 2048)
     # SGLang: min(clamp(int(token_capacity / context_len * 512), 2048, 4096), token_capacity // 2),
     # capped at the chunk budget (batchsim's decode steps share it)
     from batchsim.app.runner import build_cost
@@ -131,7 +131,8 @@ def _value(knob: Knob, scenario, policy: dict, hw) -> tuple[bool, Any]:
     context = _context(scenario, policy) if any(r.min_context_tokens for r in knob.rules) else 0
     for rule in knob.rules:
         if (hw.memory_gib >= rule.min_memory_gib and not any(x in name for x in rule.except_names)
-                and context >= rule.min_context_tokens):
+                and context >= rule.min_context_tokens
+                and (rule.when_policy is None or rule.when_policy == policy.get("name"))):
             value = rule.value
     return True, value
 
@@ -147,15 +148,16 @@ def _fields(policy_name: str) -> set[str] | None:
 
 
 def _user_policy(scenario) -> dict:
-    """The policy keys the scenario itself set (not those a preset filled before)."""
+    """The policy keys the scenario itself set: not those a preset filled before and that still hold
+    the preset's value (a key a job or the user changed since is theirs)."""
     if "policy" not in scenario.model_fields_set:
         return {}
-    filled = set(scenario.engine_preset_keys)
-    return {k: v for k, v in scenario.policy.items() if k not in filled}
+    filled = scenario.engine_preset_values
+    return {k: v for k, v in scenario.policy.items() if not (k in filled and filled[k] == v)}
 
 
-def _resolve(scenario) -> tuple[dict, dict, tuple[str, ...]]:
-    """(policy section in effect, per-knob report, the keys the preset filled) of a scenario with
+def _resolve(scenario) -> tuple[dict, dict, dict]:
+    """(policy section in effect, per-knob report, the values the preset filled) of a scenario with
     an engine preset."""
     preset = load_preset(scenario.engine_preset)
     hw = _hardware(scenario)
@@ -163,13 +165,12 @@ def _resolve(scenario) -> tuple[dict, dict, tuple[str, ...]]:
     name_knob = preset.policy.get("name")
     merged: dict[str, Any] = {}
     report: dict[str, dict] = {}
-    filled: list[str] = []
+    filled: dict[str, Any] = {}
     if "name" in user:
         name = user["name"]
     else:
         _, name = _value(name_knob, scenario, user, hw) if name_knob else (True, "continuous")
-        merged["name"] = name
-        filled.append("name")
+        merged["name"] = filled["name"] = name
     accepted = _fields(name)
     report["name"] = {"value": name, "from": "scenario" if "name" in user else "preset",
                       "source": name_knob.source if name_knob else ""}
@@ -185,26 +186,30 @@ def _resolve(scenario) -> tuple[dict, dict, tuple[str, ...]]:
             report[key] = {"value": user[key], "from": "scenario", "preset_value": value if ok else None,
                            "source": knob.source}
         elif ok:
-            merged[key] = value
-            filled.append(key)
+            merged[key] = filled[key] = value
             report[key] = {"value": value, "from": "preset", "source": knob.source}
         else:
             report[key] = {"value": None, "from": "left out: the workload names no shared prefixes",
                            "source": knob.source}
     merged.update(user)
-    return merged, report, tuple(filled)
+    return merged, report, filled
 
 
 def apply_preset(scenario):
     """``scenario`` with its preset's knobs in its policy section (its own keys win), resolved for
-    its deployment; ``engine_preset_keys`` records which keys the preset filled. Without a preset,
-    the keys an earlier preset filled are taken out again."""
+    its deployment; ``engine_preset_values`` records what the preset filled. Without a preset,
+    the values an earlier preset filled (and that nobody changed since) are taken out again."""
     if scenario.engine_preset is None:
         user = _user_policy(scenario)
         return scenario.model_copy(update={"policy": user if "name" in user else {"name": "continuous", **user},
-                                           "engine_preset_keys": ()})
+                                           "engine_preset_values": {}})
+    unknown = set(scenario.engine_preset_values) - set(load_preset(scenario.engine_preset).policy)
+    if unknown:
+        raise InputError(f"names {', '.join(sorted(unknown))}, which preset {scenario.engine_preset!r} does not "
+                         "set; this field is batchsim's record of what the preset filled: delete it",
+                         "engine_preset_values")
     merged, _, filled = _resolve(scenario)
-    return scenario.model_copy(update={"policy": merged, "engine_preset_keys": filled})
+    return scenario.model_copy(update={"policy": merged, "engine_preset_values": filled})
 
 
 def preset_report(scenario) -> dict | None:
@@ -223,6 +228,8 @@ def _rule_text(r: Rule) -> str:
         when.append(f"from {r.min_memory_gib:g} GiB" + (f" except {', '.join(r.except_names)}" if r.except_names else ""))
     if r.min_context_tokens:
         when.append(f"from a {r.min_context_tokens}-token context")
+    if r.when_policy:
+        when.append(f"with `{r.when_policy}`")
     return f"`{r.value}` " + " and ".join(when)
 
 

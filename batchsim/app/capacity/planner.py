@@ -251,8 +251,9 @@ def decision_lines(result: "PlanResult") -> list[str]:
     if len(frame) and frame.iloc[0]["status"] == "ok":
         top = frame.iloc[0]
         lines.append(f"cheapest: {top['config']}")
-        if top.get("reproduce"):
-            lines.append(f"reproduce its first seed: {top['reproduce']}")
+        command = top.get("reproduce")
+        if isinstance(command, str) and command:  # (a row without one holds NaN, which is truthy)
+            lines.append(f"reproduce its first seed: {command}")
     return lines
 
 
