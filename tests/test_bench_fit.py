@@ -161,3 +161,7 @@ def test_fit_on_names_every_label_it_is_given(bench_files):
     with pytest.raises(InputError, match="'rate=99'"):
         fit_bench(load_runs(bench_files[:2]), BenchSetup(model="llama-3-8b", hardware="h100-sxm"),
                   fit_on=["rate=3.0", "rate=99"])
+
+
+def test_the_profile_says_whether_the_fit_converged(fitted):
+    assert fitted.profile.provenance["from_bench"]["converged"] is True

@@ -344,7 +344,9 @@ def _profile(hw, fit: BenchFit, name: str | None):
     prov["from_bench"] = {
         "files": fit.files, "benchmarks": fit.runs, "fitted": [t for t in FITTED_TERMS if t not in fit.unfitted],
         "not_fitted": fit.unfitted, "terms_us": fit.terms, "dtype": fit.setup.dtype,
-        "rounds": len(fit.rounds), "model": fit.setup.model, "tensor_parallel_size": fit.setup.tensor_parallel_size,
+        "rounds": len(fit.rounds),
+        "converged": not (len(fit.rounds) >= ROUNDS and fit.rounds and fit.rounds[-1]["change"] > TOLERANCE),
+        "model": fit.setup.model, "tensor_parallel_size": fit.setup.tensor_parallel_size,
         "engine_preset": fit.setup.engine_preset, "policy": fit.setup.policy, "base_profile": hw.name,
         "held_out_p50_abs_error_max": max((abs(r["rel_error"]) for r in held), default=None),
         "method": "batchsim.app.bench_fit: per-request TTFT and TPOT residual regressions, iterated",

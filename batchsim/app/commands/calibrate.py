@@ -164,6 +164,13 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
         terms += f" (not fitted, the profile's kept: {', '.join(fit.unfitted)})"
     console.print(f"fitted in {len(fit.rounds)} rounds on {sum(r['split'] == 'fit' for r in fit.runs)} of "
                   f"{len(fit.runs)} benchmarks: {terms}")
+    from batchsim.app.bench_fit import ROUNDS, TOLERANCE
+
+    last = fit.rounds[-1]["change"] if fit.rounds else 0.0
+    if len(fit.rounds) >= ROUNDS and last > TOLERANCE:
+        console.print(f"note: the fit stopped at {ROUNDS} rounds with the terms still moving ({last:.1%} in the "
+                      "last; the rounds are in the report's bench.json): check --model, --tp, --dtype and the "
+                      "policy keys against the benchmarked server")
     if all(r["split"] == "fit" for r in fit.runs):
         console.print("note: one benchmark only, nothing held out; give two or more (rates, concurrencies or files) "
                       "for a held-out check")
