@@ -15,7 +15,9 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
+
+from batchsim.calibrate.hardware import FrontendOverhead, HostOverhead
 
 from batchsim.sim.errors import InputError
 from batchsim.sim.safe_yaml import DuplicateKeyError, load_yaml
@@ -51,27 +53,20 @@ class MeasureConfig(NoBoolNumbers):
                             "no steps.csv (see batchsim/sim/aggregate.py)")
 
 
-_US_MAX = 1e9  # (microseconds: a term of over 1000 s is a typo, and inf made the profile fail to validate)
-
-
-class HostTerms(NoBoolNumbers):
-    """Overrides of the hardware profile's host_overhead terms (batchsim.calibrate.hardware.HostOverhead)."""
-
+class _Terms(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    per_step_us: float | None = Field(None, ge=0, le=_US_MAX)
-    per_seq_us: float | None = Field(None, ge=0, le=_US_MAX)
-    per_decode_step_us: float | None = Field(None, ge=0, le=_US_MAX)
-    per_tp_rank_us: float | None = Field(None, ge=0, le=_US_MAX)
 
 
-class FrontendTerms(NoBoolNumbers):
-    """Overrides of the hardware profile's frontend terms (batchsim.calibrate.hardware.FrontendOverhead)."""
+def _overrides_of(terms: type[BaseModel], doc: str) -> type[_Terms]:
+    """A model of optional overrides of ``terms``' fields: the same names, bounds and descriptions
+    (batchsim.calibrate.hardware states the terms once), each unset by default."""
+    fields = {name: (Annotated[(float, *f.metadata)] | None, Field(None, description=f.description))
+              for name, f in terms.model_fields.items()}
+    return create_model(f"{terms.__name__}Terms", __base__=_Terms, __doc__=doc, **fields)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    per_request_us: float | None = Field(None, ge=0, le=_US_MAX)
-    per_prompt_token_us: float | None = Field(None, ge=0, le=_US_MAX)
-    per_step_us: float | None = Field(None, ge=0, le=_US_MAX)
-    per_output_token_us: float | None = Field(None, ge=0, le=_US_MAX)
+
+HostTerms = _overrides_of(HostOverhead, "Overrides of the hardware profile's host_overhead terms.")
+FrontendTerms = _overrides_of(FrontendOverhead, "Overrides of the hardware profile's frontend terms.")
 
 
 class OverheadConfig(NoBoolNumbers):
