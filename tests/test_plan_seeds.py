@@ -244,30 +244,16 @@ def test_plan_chat_interval_holds_five_reruns_with_other_base_seeds(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ctrl_c_on_a_pool_plan_exits_at_once_saying_what_it_kept(tmp_path):
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
+
+    from tests.cli_helpers import ctrl_c_when
 
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "batchsim", "plan", str(ROOT / "examples" / "plan-chat.yaml"), "--slo",
            "p99_ttft_ms=1500", "--slo", "p99_tpot_ms=60", "--hardware", "a100-80gb,h100-sxm", "--tp", "1,2",
            "--executor", "local", "--workers", "2", "--out", str(out)]
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        while len(list((out / "points").glob("*.json"))) < 5 if (out / "points").is_dir() else True:
-            assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()
-            time.sleep(0.05)
-        t1 = time.monotonic()
-        os.killpg(p.pid, signal.SIGINT)
-        stdout, err = p.communicate(timeout=60)
-        took = time.monotonic() - t1
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+    points = out / "points"
+    p, stdout, err, took, _ = ctrl_c_when(cmd, lambda: points.is_dir() and len(list(points.glob("*.json"))) >= 5)
     assert p.returncode == 130, err
     kept = re.fullmatch(rf"interrupted: (\d+) finished points kept in {re.escape(str(out / 'points'))}; "
                         r"rerun the same command to resume", err.strip())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from batchsim.app.cli import main
 from batchsim.app.compare import POINT_FORMAT, read_point, write_point
 from batchsim.app.workers import Interrupted, interrupted, run_tasks
 from batchsim.sim.io import MANIFEST
+from tests.cli_helpers import ctrl_c_when
 
 PINNED = Path(__file__).parent / "golden" / "compare_pinned.yaml"
 
@@ -241,27 +241,17 @@ def test_ctrl_c_on_a_process_pool_sweep_exits_at_once(tmp_path):
            "--set", "workload.num_requests=3000", "--set", "engine=python", "--seeds", "1", "--executor", "local",
            "--workers", "2", "--out", str(out)]
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        while not point_files(out):  # the fast point (500 req/s) is in; the slow one is running
-            assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()
-            time.sleep(0.05)
-        started = time.monotonic() - t0
-        workers = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
-        t1 = time.monotonic()
-        os.killpg(p.pid, signal.SIGINT)
-        stdout, err = p.communicate(timeout=60)
-        took = time.monotonic() - t1
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+
+    def started(p):  # (the fast point (500 req/s) is in; the slow one is running)
+        return time.monotonic() - t0, Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+
+    p, stdout, err, took, (first, workers) = ctrl_c_when(cmd, lambda: bool(point_files(out)), started)
     assert p.returncode == 130, err
     kept = len(point_files(out))  # (the fast points: how many finished before the signal varies with load)
     noun = "point" if kept == 1 else "points"
     assert err.strip() == f"interrupted: {kept} finished {noun} kept in {out / 'points'}; rerun the same command to resume"
     assert "Traceback" not in err and "Traceback" not in stdout
-    assert took < 3.0, f"exit took {took:.1f} s after Ctrl-C (the first point took {started:.1f} s)"
+    assert took < 3.0, f"exit took {took:.1f} s after Ctrl-C (the first point took {first:.1f} s)"
     assert 1 <= kept < 4 and not (out / "sweep.csv").exists()
     assert len(workers) == 2
     deadline = time.monotonic() + 5
