@@ -38,7 +38,7 @@ from batchsim.sim.aggregate import ItlAggregate, StepTotals
 from batchsim.sim.frontend import engine_arrivals
 from batchsim.sim.records import STEP_FIELDS, ItlLog, StepLog, add_latencies, request_frame
 from batchsim.sim.router import make_router
-from batchsim.sim.state import UNFINISHED
+from batchsim.sim.state import UNFINISHED, Seq
 from batchsim.sim.types import Workload
 from batchsim.workloads import build_workload
 
@@ -69,9 +69,6 @@ class RunResult:
     engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
 
 
-_NO_WORKLOAD: Any = object()  # (build_cost: the parts without generating the workload)
-
-
 def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     wl, router = np.random.SeedSequence(seed).spawn(2)
     return np.random.default_rng(wl), np.random.default_rng(router)
@@ -90,13 +87,7 @@ def _hardware(scenario: Scenario):
 
 
 def build_cost(scenario: Scenario) -> RooflineCostModel:
-    """The scenario's cost model (what build_parts prices with)."""
-    return build_parts(scenario, workload=_NO_WORKLOAD).cost
-
-
-def build_parts(scenario: Scenario, base_dir: Path | None = None,
-                workload: Workload | None = None) -> Parts:
-    """Load the model, hardware and cost model, and generate the workload."""
+    """The scenario's cost model: its model, hardware (with its overhead terms), TP and dtypes."""
     model = load_model(scenario.model)
     hw = _hardware(scenario)
     kv_dtype = scenario.kv_cache_dtype
@@ -111,9 +102,15 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
         # NOTE: the cost model names the cost command's --tp; here the size came from the scenario.
         message = e.message.replace(f"tp={tp}", f"tensor_parallel_size={tp}")
         raise InputError(f"{message} for {getattr(model, 'name', scenario.model)}", "tensor_parallel_size") from None
-    if workload is _NO_WORKLOAD:
-        workload = None
-    elif workload is None:
+    return cost
+
+
+def build_parts(scenario: Scenario, base_dir: Path | None = None,
+                workload: Workload | None = None) -> Parts:
+    """Load the model, hardware and cost model, and generate the workload."""
+    cost = build_cost(scenario)
+    model, hw = cost.model, cost.hardware
+    if workload is None:
         workload = build_workload(scenario.workload, _seeds(scenario.seed)[0], base_dir)
     meta = {
         "batchsim_version": __version__,
@@ -352,19 +349,10 @@ def _frontend_horizon(requests: pd.DataFrame, itl: pd.DataFrame, sent: np.ndarra
     seen = np.zeros(len(workload), dtype=bool)
     seen[req["rid"].to_numpy()] = True
     waiting = np.flatnonzero(~seen & (np.asarray(sent, dtype=np.float64) < horizon))
-    if len(waiting):
-        k = len(waiting)
-        nan = np.full(k, np.nan)
-        rows = pd.DataFrame({
-            "rid": waiting.astype(np.int64), "replica": np.full(k, -1, dtype=np.int64),
-            "status": np.full(k, UNFINISHED, dtype=object), "reason": np.full(k, "", dtype=object),
-            "arrival": np.asarray(sent, dtype=np.float64)[waiting],
-            "prompt_tokens": workload.prompt_tokens[waiting].astype(np.int64),
-            "output_tokens": workload.output_tokens[waiting].astype(np.int64),
-            "generated_tokens": np.zeros(k, dtype=np.int64), "admitted": nan, "first_token": nan,
-            "last_token": nan, "completion": nan, "ttft": nan, "tpot": nan, "e2el": nan,
-            "max_itl": np.zeros(k), "preemptions": np.zeros(k, dtype=np.int64),
-            "cached_tokens": np.zeros(k, dtype=np.int64), "frontend_in_s": nan})
+    if len(waiting):  # (requests as the engines record them: batchsim.sim.records.request_frame)
+        sent = np.asarray(sent, dtype=np.float64)
+        rows = request_frame([Seq(int(i), float(sent[i]), int(workload.prompt_tokens[i]), int(workload.output_tokens[i]))
+                              for i in waiting.tolist()]).assign(frontend_in_s=np.nan)
         req = pd.concat([req, rows[req.columns]], ignore_index=True).sort_values("rid", kind="stable")
         req = req.reset_index(drop=True)
     return add_latencies(req), itl

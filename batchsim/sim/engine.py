@@ -329,6 +329,7 @@ class Cluster:
         self.env, self.replicas, self.route = env, list(replicas), route
         self.workload, self.max_queue_len = workload, max_queue_len
         self.requests: list[Seq] = []
+        self._prompt, self._output = workload.prompt_tokens.tolist(), workload.output_tokens.tolist()
         # when each request reached the engine: the workload's times, or (a closed loop) as the clients
         # send them, past the frontend; ``sent``: when its client sent it
         self.arrival = np.full(len(workload), np.inf) if workload.closed is not None else workload.arrival
@@ -356,8 +357,7 @@ class Cluster:
     def _send(self, rid: int, t: float) -> Seq:
         w = self.workload
         hashes = w.prefix_hashes
-        seq = Seq(rid, t, int(w.prompt_tokens[rid]), int(w.output_tokens[rid]),
-                  hashes[rid] if hashes is not None else None)
+        seq = Seq(rid, t, self._prompt[rid], self._output[rid], hashes[rid] if hashes is not None else None)
         self.requests.append(seq)
         replica = self.replicas[self.route(self.replicas, seq)]
         if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
@@ -378,7 +378,7 @@ class Cluster:
             ended = self._ended[rid] = env.event()
             self.sent[rid] = env.now
             if fe is not None:  # (through the frontend first: batchsim.sim.frontend)
-                at = self._in.take(env.now, int(self.workload.prompt_tokens[rid]), fe[0], fe[1])
+                at = self._in.take(env.now, self._prompt[rid], fe[0], fe[1])
                 if at > env.now:
                     yield env.timeout(at - env.now)
             self.arrival[rid] = env.now
