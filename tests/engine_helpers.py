@@ -10,7 +10,9 @@ from batchsim.calibrate.hardware import HardwareProfile, load_hardware
 from batchsim.sim.engine import Cluster, Replica
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.metrics import RunTotals, summarize
-from batchsim.sim.records import ItlLog, StepLog, request_frame
+from batchsim.sim.aggregate import StepTotals
+from batchsim.sim.itl import TokenSteps
+from batchsim.sim.records import FrameSteps, StepStream, request_frame
 from batchsim.sim.router import make_router
 from batchsim.sim.types import StepCost, StepShape, Workload
 
@@ -39,16 +41,23 @@ def workload(arrivals, prompts, outputs) -> Workload:
 def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_blocks: int = 1000,
                block_size: int = 16, max_model_len: int = 100_000, router: str = "round_robin",
                horizon: float | None = None, seed: int = 0, kv_factory=None):
-    """Run the engine directly; returns (requests df, steps df, itl df, cluster)."""
+    """Run the engine directly; returns (requests df, steps df, itl df: one row per gap, cluster);
+    the cluster carries the run's step totals and gap records for :func:`summary_of`."""
+    from batchsim.app.runner import _itl_records
+
     env = simpy.Environment()
-    steps, itl = StepLog(), ItlLog()
+    frame = FrameSteps()
+    steps = StepStream(StepTotals(replicas), frame)
     cost = cost or ConstantCost()
     kv_factory = kv_factory or (lambda: PagedKVCache(kv_blocks, block_size))
     reps = [Replica(env, i, policy_factory(), cost, kv_factory(),
-                    max_model_len, steps, itl) for i in range(replicas)]
+                    max_model_len, steps, TokenSteps()) for i in range(replicas)]
     cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl)
     env.run(until=horizon)
-    return request_frame(cluster.requests), steps.frame(), itl.frame(), cluster
+    steps.close()
+    cluster.step_totals = steps.totals
+    cluster.itl_records = _itl_records(reps, cluster.requests, len(wl))
+    return request_frame(cluster.requests), frame.frame(), cluster.itl_records.frame(), cluster
 
 
 def summary_of(req, steps, itl, cluster, policy="test"):
@@ -57,7 +66,7 @@ def summary_of(req, steps, itl, cluster, policy="test"):
     totals = RunTotals(replicas=len(cluster.replicas), sim_end=end, peak_flops=1e12,
                        peak_bandwidth=1e12, kv_total_blocks=kv.total_blocks,
                        kv_peak_blocks=max(r.kv.peak_used for r in cluster.replicas))
-    return summarize(req, steps, itl, totals, policy)
+    return summarize(req, cluster.step_totals, cluster.itl_records, totals, policy)
 
 
 def _calibrated_like(name: str) -> HardwareProfile:
@@ -113,9 +122,12 @@ def written(result, folder) -> dict[str, bytes]:
 
     from batchsim.app.runner import write_outputs
 
-    out = write_outputs(result, folder)
+    write_outputs(result, folder)
+    from pathlib import Path
+
+    out = Path(folder)
     # (manifest.json lists the files' sizes: the summary's engine keys differ by engine)
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
     files["summary.json"] = json.dumps(outcome(json.loads(files["summary.json"])), sort_keys=True).encode()
-    files["itl"] = result.itl.to_csv(index=False).encode()
+    files["itl"] = result.itl.frame().to_csv(index=False).encode()
     return files

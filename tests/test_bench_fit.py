@@ -37,7 +37,7 @@ def _truth(label: str, arrival: dict, seed: int, n: int = 500):
     sc = scenario_from_dict(raw)
     r = simulate(sc, build_parts(sc))
     mode = "concurrency" if arrival["process"] == "closed" else "rate"
-    return run_from_records(r.requests, r.itl, label=label, mode=mode, rate=arrival.get("rate"),
+    return run_from_records(r.requests, r.itl.frame(), label=label, mode=mode, rate=arrival.get("rate"),
                             concurrency=arrival.get("concurrency"))
 
 
@@ -144,7 +144,7 @@ def test_one_token_outputs_leave_the_host_terms_unfitted_and_say_so(tmp_path):
                                            "output_tokens": {"dist": "fixed", "value": 1}}}
     sc = scenario_from_dict(raw)
     r = simulate(sc, build_parts(sc))
-    path = write_vllm_bench(tmp_path / "one.json", run_from_records(r.requests, r.itl, label="rate=4", mode="rate",
+    path = write_vllm_bench(tmp_path / "one.json", run_from_records(r.requests, r.itl.frame(), label="rate=4", mode="rate",
                                                                      rate=4.0))
     fit = fit_bench(load_runs([path]), BenchSetup(model="llama-3-8b", hardware="h100-sxm"))
     assert fit.unfitted == ["host.per_seq_us", "host.per_step_us"]

@@ -178,7 +178,7 @@ def test_core_is_exact_on_random_workloads(spec, wl, blocks, bs, horizon, replic
             "router": router, "horizon_s": horizon, "max_queue_len": queue, "engine": engine,
             "measure": {"records": records}, "workload": {"num_requests": 1}})
         r = simulate(sc, parts)
-        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.to_csv(), json.dumps(outcome(r.summary), sort_keys=True)))
+        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.frame().to_csv(), json.dumps(outcome(r.summary), sort_keys=True)))
     assert outs[0] == outs[1]
 
 
@@ -319,10 +319,10 @@ def test_an_empty_prompt_fails_the_same_way_on_auto():
 
 def test_progress_reports_a_run_in_flight():
     """What a benchmark's timeout report reads (bench/child.py): asked at a flush, mid-run."""
-    from batchsim.sim.records import StepLog
+    from batchsim.sim.records import StepStream
 
     seen = []
-    extend = StepLog.extend
+    extend = StepStream.extend
 
     def spy(self, *columns, count=None):
         seen.append(core.progress())
@@ -334,7 +334,7 @@ def test_progress_reports_a_run_in_flight():
     parts = build_parts(sc)
     import unittest.mock as mock
 
-    with mock.patch.object(StepLog, "extend", spy):
+    with mock.patch.object(StepStream, "extend", spy):
         result = simulate(sc, parts)
     assert result.engine["engine"] == "core" and len(seen) >= 2 and core.progress() is None
     first, last = seen[0], seen[-1]

@@ -82,7 +82,7 @@ def test_both_engines_apply_the_frontend_alike(policy):
     for engine in ("python", "core"):
         r = _run(_scenario(engine=engine, policy=policy, overheads=FRONTEND))
         assert r.summary["engine"] == engine
-        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.to_csv()))
+        outs.append((r.requests.to_csv(), r.steps.to_csv(), r.itl.frame().to_csv()))
     assert outs[0] == outs[1]
 
 

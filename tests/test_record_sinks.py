@@ -1,10 +1,11 @@
 """Record sinks store every value as writing it row by row would.
 
-Columns, StepLog and ItlLog let appended rows (and listed gaps) wait and write
-them in blocks; StepTotals and ItlAggregate do the same inside their fixed
-chunks. Whatever the mix and order of append / extend / list calls, the
-columns must hold exactly the row-by-row values, and the aggregates must be
-bit-identical to feeding each replica's records in one block.
+Columns and StepLog let appended rows wait and write them in blocks;
+StepTotals does the same inside its fixed chunks; StepStream hands rows on in
+their canonical order as they become final. Whatever the mix and order of
+append / extend calls, the columns must hold exactly the row-by-row values,
+the totals must be bit-identical to feeding each replica's records in one
+block, and a stream's rows must be the whole run's rows sorted.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import numpy as np
 import pytest
 
 from batchsim.sim import aggregate
-from batchsim.sim.aggregate import ItlAggregate, StepTotals
-from batchsim.sim.records import STEP_FIELDS, Columns, ItlLog, StepLog
+from batchsim.sim.aggregate import StepTotals
+from batchsim.sim.records import STEP_FIELDS, Columns, FrameSteps, StepLog, StepStream
 
 _DTYPES = [dt for _, dt in STEP_FIELDS]
 
@@ -99,34 +100,6 @@ def test_step_log_holds_the_row_by_row_values(seed):
         assert got.dtype == np.dtype(dt) and got.tobytes() == a.tobytes(), name
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_itl_log_holds_the_gap_by_gap_values(seed):
-    rng = np.random.default_rng(seed)
-    log, rids, gaps = ItlLog(capacity=8), [], []
-    for _ in range(600):
-        k = int(rng.integers(0, 50))
-        r = rng.integers(0, 10_000, k)
-        g = rng.lognormal(-4, 1, k)
-        kind = rng.integers(4)
-        if kind == 0:
-            log.extend(r, g)
-        elif kind == 1:
-            log.extend(r.tolist(), g.tolist())
-        elif kind == 2 and k:
-            log.append(int(r[0]), float(g[0]))
-            r, g = r[:1], g[:1]
-        else:
-            log.extend(r.tolist(), g.astype(np.float32).tolist())
-            g = g.astype(np.float32).astype(np.float64)
-        rids += r.tolist()
-        gaps += g.tolist()
-        if rng.random() < 0.02:
-            assert len(log) == len(rids) and log.column("gap").tolist() == gaps
-    frame = log.frame()
-    assert frame["rid"].tolist() == rids and frame["gap"].tolist() == gaps
-    assert frame["rid"].dtype == np.int64 and frame["gap"].dtype == np.float64
-
-
 def test_columns_append_converts_like_item_assignment():
     c = Columns((("i", "i4"), ("f", "f8")), capacity=2)
     for v in (3, np.int64(4), 5.9, True):
@@ -154,34 +127,44 @@ def test_step_totals_are_blocking_independent(seed, chunk, monkeypatch):
     assert mixed.totals() == whole.totals()
 
 
-@pytest.mark.parametrize("mask", ["all", "run", "mod3"])
-@pytest.mark.parametrize("chunk", [1 << 16, 100])
+@pytest.mark.parametrize("mode", ["rows", "blocks"])
+@pytest.mark.parametrize("chunk", [1 << 18, 50])
 @pytest.mark.parametrize("seed", range(3))
-def test_itl_aggregate_is_blocking_independent(seed, chunk, mask, monkeypatch):
-    monkeypatch.setattr(aggregate, "ITL_CHUNK", chunk)
-    monkeypatch.setattr(aggregate, "_WAITING_GAPS", 1 << 14 if chunk > 100 else 37, raising=False)
+def test_step_stream_hands_on_the_rows_sorted_by_end_then_replica(seed, chunk, mode, monkeypatch):
+    """Steps end on a clock that never goes back, on replicas in any order (equal ends happen).
+    The Python engine appends each as it ends (``rows``); the core hands over each replica's
+    rows in blocks now and then, then settles at its clock (``blocks``). The sink gets every row
+    once, in (end, replica) order, each replica's equal-end rows in their own order, and the
+    totals all of them."""
+    monkeypatch.setattr(StepStream, "CHUNK", chunk)
     rng = np.random.default_rng(seed)
-    n_rids = 500
-    measured = {"all": np.ones(n_rids, bool), "run": (np.arange(n_rids) >= 50) & (np.arange(n_rids) < 400),
-                "mod3": np.arange(n_rids) % 3 != 0}[mask]
-    mixed = ItlAggregate(2, measured)
-    sinks = [mixed.sink(0), mixed.sink(1)]
-    kept = [[], []]
-    for _ in range(1500 if chunk > 100 else 300):
-        r = int(rng.integers(2))
-        k = int(rng.integers(1, 400 if rng.random() < 0.2 else 30))
-        lo = int(rng.integers(0, n_rids - k)) if rng.random() < 0.5 else int(rng.integers(50, 400 - 30))
-        rids = np.arange(lo, lo + k) % n_rids
-        gaps = rng.lognormal(-4, 1.5, k)
-        if rng.random() < 0.5:
-            sinks[r].extend(rids.tolist(), gaps.tolist())
+    sink, totals = FrameSteps(), StepTotals(3)
+    stream = StepStream(totals, sink)
+    now, rows, held = 0.0, [], [[] for _ in range(3)]
+    extra = STEP_FIELDS[3:]
+    for _ in range(3000):
+        now += float(rng.choice([0.0, 0.5, 1.0]))
+        r = int(rng.integers(3))
+        row = [r, now - 0.25, now] + [int(rng.integers(0, 9)) for _ in extra]
+        rows.append(row)
+        if mode == "rows":
+            stream.append(*row)
         else:
-            sinks[r].extend(rids, gaps)
-        kept[r].append(gaps[measured[rids]])
-    whole = ItlAggregate(2, measured)
-    for r in range(2):
-        g = np.concatenate(kept[r])
-        whole.sink(r).extend(np.full(len(g), 61), g)  # rid 61 is measured under every mask
-    assert len(mixed) == len(whole)
-    pct = (50, 90, 99, 99.9)
-    assert mixed.stats("itl", pct) == whole.stats("itl", pct)
+            held[r].append(row)
+            if rng.random() < 0.05:  # a flush: every replica's held rows, then the clock
+                for rr in range(3):
+                    if held[rr]:
+                        stream.extend(*[np.array(c) for c in zip(*held[rr])])
+                        held[rr] = []
+                stream.settle(now)
+    for rr in range(3):
+        if held[rr]:
+            stream.extend(*[np.array(c) for c in zip(*held[rr])])
+    stream.close()
+    want = [np.array(c) for c in zip(*rows)]
+    order = np.lexsort((want[0], want[2]))
+    got = sink.frame()
+    assert len(got) == len(order) == len(stream)
+    for j, (name, dt) in enumerate(STEP_FIELDS):
+        assert got[name].to_numpy().tolist() == want[j][order].astype(dt).tolist(), name
+    assert totals.totals()["steps"] == len(order)

@@ -12,7 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchsim.reports.derive import latency_samples_ms, load_window, measured_completed, timeline, token_split
+from batchsim.reports.derive import (latency_samples_ms, load_window, measured_completed, report_itl, timeline,
+                                     token_split)
+from batchsim.sim.itl import ItlRecords
 from batchsim.reports.runs import PolicyRun
 from batchsim.sim.records import REQUEST_COLUMNS, STEP_FIELDS
 
@@ -54,7 +56,8 @@ def hand_run(policy: str, slow: float = 1.0, seeds: int = 1) -> PolicyRun:
              padding_tokens=1 if slow > 1 else 0, flops=5.0, useful_flops=4.0, bytes=300.0,
              memory_s=0.3 * slow, kv_used_blocks=5),
     ])
-    itl = pd.DataFrame({"rid": [0, 0, 0, 0, 1, 1, 2], "gap": np.array([1, 1, 1, 1, 2.5, 2.5, 4.0]) * 0.1 * slow})
+    # (the report's gaps, batchsim.reports.derive.report_itl: value and count)
+    itl = pd.DataFrame({"gap": np.array([1, 2.5, 4.0]) * 0.1 * slow, "count": [4, 2, 1]})
     base = {"policy": policy, "completed": 3, "median_ttft_ms": 100.0 * slow, "p99_ttft_ms": 300.0 * slow,
             "token_efficiency": 1.0 if slow == 1 else 0.9}
     summaries = tuple({**base, "median_ttft_ms": base["median_ttft_ms"] + i} for i in range(seeds))
@@ -126,6 +129,10 @@ def test_measured_window_and_latency_samples():
     run = hand_run("x")
     req = run.requests.copy()
     assert len(measured_completed(req, warmup_s=0.1)) == 2
-    s = latency_samples_ms(req, run.itl, {"warmup_s": 0.1})
+    # the run's gaps as the engines record them: one replica per request, a run each
+    rec = ItlRecords([np.array([0.1, 0.2, 0.3, 0.4, 0.5]), np.array([0.4, 0.65, 0.9]), np.array([0.8, 1.2])],
+                     [0, 1, 2], [0, 1, 2], [0, 0, 0], [4, 2, 1], [np.nan] * 3)
+    itl = report_itl(req, rec, {"warmup_s": 0.1})  # (request 0 arrived before the window)
+    s = latency_samples_ms(req, itl, {"warmup_s": 0.1})
     assert sorted(s["ttft"].round(6)) == [200.0, 300.0]
-    assert sorted(s["itl"].round(6)) == [250.0, 250.0, 400.0]
+    assert np.repeat(s["itl"], s["itl_counts"]).round(6).tolist() == [250.0, 250.0, 400.0]

@@ -196,7 +196,7 @@ def test_points_round_trip_exactly(tmp_path):
         "ttft": [np.nan, 1.0, 2.0, np.inf], "tpot": [0.1, 0.2, 0.3, 0.4], "e2el": [1.0, 2.0, 3.0, 4.0]})
     steps = pd.DataFrame({c: np.zeros(0, dtype=np.int32 if c in ("replica", "num_seqs") else float)
                           for c in compare_mod.REPORT_RECORDS["steps"]})
-    itl = pd.DataFrame({"rid": np.array([0, 0, 1], dtype=np.int64), "gap": [0.01, np.nan, 0.03]})
+    itl = pd.DataFrame({"gap": [0.01, np.nan, 0.03], "count": np.array([2, 1, 5], dtype=np.int64)})
     summary = {"x": float("nan"), "y": np.float64(0.1) + 0.2, "n": np.int64(3), "w": ("a", "b"), "none": None}
     record, frames = write_point(tmp_path, "k", {"kind": "compare", "summary": summary},
                                  {"requests": requests, "steps": steps, "itl": itl})

@@ -238,7 +238,7 @@ def _split(runs: Sequence[BenchRun], fit_on: Sequence[str] | None) -> list[bool]
 def _rows(run: BenchRun, result, split: str) -> list[dict]:
     from batchsim.calibrate.bench import run_from_records
 
-    sim = run_from_records(result.requests, result.itl, label=run.label, mode=run.mode,
+    sim = run_from_records(result.requests, result.itl.frame(), label=run.label, mode=run.mode,
                            rate=run.rate, concurrency=run.concurrency)
     out = []
     for metric in METRICS:

@@ -81,28 +81,33 @@ def run(
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="records format: csv, parquet, or auto (CSV up to 100,000 requests, Parquet above)")] = "auto",
 ) -> None:
-    """Run one simulation: print a summary, write summary.json, requests.csv, steps.csv."""
-    from batchsim.app.runner import run_scenario, write_outputs
+    """Run one simulation: print a summary, write summary.json, requests and steps (CSV or Parquet)."""
+    from batchsim import policies
+    from batchsim.app.runner import run_to_folder
     from batchsim.app.summary_table import summary_table
+    from batchsim.sim.io import FORMATS
 
+    if fmt not in ("auto", *FORMATS):
+        raise InputError(f"got {fmt!r}; expected auto, {', '.join(FORMATS)}", "--format")
     sc, base = _load(scenario, policy, set_)
     if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
         raise InputError(f"{out} is a file; expected a folder for the records", "--out")
-    result = _naming_file(scenario, run_scenario, sc, base)
     # the command that reproduces this summary (the scenario file, the policy swap, the overrides)
-    result.summary["provenance"]["command"] = shlex.join(
-        ["batchsim", "run", str(scenario), *(["--policy", policy] if policy else []),
-         *[a for s in (set_ or []) for a in ("--set", s)]])
-    dest = out or Path("runs") / f"{sc.name}-{result.summary['policy']}"
-    write_outputs(result, dest)
+    command = shlex.join(["batchsim", "run", str(scenario), *(["--policy", policy] if policy else []),
+                          *[a for s in (set_ or []) for a in ("--set", s)]])
+    name = _naming_file(scenario, policies.create_policy, sc.policy).name
+    dest = out or Path("runs") / f"{sc.name}-{name}"
+    result, written = _naming_file(scenario, run_to_folder, sc, dest, base, fmt, command)
     if as_json:
         typer.echo(json.dumps(result.summary, indent=2))
     else:
         console = Console()
         console.print(summary_table([result.summary], title=f"{sc.name}: {result.meta['model']} on "
                                     f"{result.meta['hardware']} x{sc.replicas}"))
-        console.print(f"records written to {dest}/")
+        files = ", ".join(f for f in written["files"] if f != "summary.json")
+        console.print(f"records written to {dest}/ ({files}; {written['why']})")
 
 
 # Bounds that keep a step's arithmetic in int64 and its rows in memory

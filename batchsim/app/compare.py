@@ -124,7 +124,7 @@ class RunOutput:
     meta: dict
     requests: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
-    itl: pd.DataFrame | None = None
+    itl: pd.DataFrame | None = None  # the ITL population as (gap, count): batchsim.reports.derive.report_itl
 
 
 # NOTE: a tiny per-process memo of built parts, keyed by the scenario minus its
@@ -164,12 +164,14 @@ def run_task(task: RunTask) -> RunOutput:
     result, meta = simulate_task(task)
     out = RunOutput(task.label, task.seed_index, result.summary, meta)
     if task.keep_records:
-        out.requests, out.steps, out.itl = result.requests, result.steps, result.itl
+        from batchsim.reports.derive import report_itl
+
+        out.requests, out.steps, out.itl = result.requests, result.steps, report_itl(result.requests, result.itl, meta)
     return out
 
 
 # -- finished tasks stored as points (resume) ----------------------------------------------------
-POINT_FORMAT = 1  # bump when a stored compare/sweep point's meaning changes (invalidates stored points)
+POINT_FORMAT = 2  # bump when a stored compare/sweep point's meaning changes (invalidates stored points)
 
 # The record columns compare's report reads (batchsim.reports.derive via plots: latency samples,
 # timelines, token split). A compare with an output folder stores only these and hands the
@@ -179,7 +181,7 @@ REPORT_RECORDS: dict[str, tuple[str, ...]] = {
     "requests": ("rid", "status", "arrival", "admitted", "ttft", "tpot", "e2el"),
     "steps": ("replica", "start", "end", "num_seqs", "kv_used_blocks", "prefill_tokens", "decode_tokens",
               "padding_tokens", "useful_flops", "bytes", "compute_s", "memory_s"),
-    "itl": ("rid", "gap"),
+    "itl": ("gap", "count"),
 }
 _TEMP_AGE_S = 3600.0  # a point's temporary file older than this is a killed writer's
 

@@ -46,11 +46,12 @@ class MeasureConfig(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
     warmup_s: float = Field(0.0, ge=0, description="ignore requests arriving before this time")
     cooldown_s: float = Field(0.0, ge=0, description="ignore requests arriving this long before the last arrival")
-    step_records: bool = Field(True, description="write steps.csv (one row per step)")
+    step_records: bool = Field(True, description="write the step records (steps.csv or steps.parquet, one row "
+                                                 "per step; batchsim run streams them to the file as it goes)")
     records: Literal["full", "aggregate"] = Field(
-        "full", description="'full': keep every step and inter-token gap; 'aggregate': running totals "
-                            "and an ITL histogram (0.1% bins), memory bounded for million-request runs, "
-                            "no steps.csv (see batchsim/sim/aggregate.py)")
+        "full", description="'full': keep a row per step; 'aggregate': keep none and write no step file "
+                            "(the summary, from running totals and the gap records, is the same either way; "
+                            "batchsim/sim/aggregate.py, batchsim/sim/itl.py)")
 
 
 class _Terms(NoBoolNumbers):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,21 +29,23 @@ from batchsim.app.config import Scenario
 from batchsim.engines import preset_report
 from batchsim.sim.engine import Cluster, Replica
 from batchsim.sim.protocols import PolicyError
-from batchsim.sim.io import write_csv, write_json, write_set
+from batchsim.sim.io import TableFile, write_json, write_set, write_table
 from batchsim.sim.errors import InputError
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.prefix import PrefixKVCache
 from batchsim.sim.metrics import RunTotals, in_window, summarize
 from batchsim.sim.protocols import CostModel
-from batchsim.sim.aggregate import ItlAggregate, StepTotals
+from batchsim.sim.aggregate import StepTotals
+from batchsim.sim.itl import ItlRecords, TokenSteps
 from batchsim.sim.frontend import engine_arrivals
-from batchsim.sim.records import STEP_FIELDS, ItlLog, StepLog, add_latencies, request_frame
+from batchsim.sim.records import STEP_FIELDS, FrameSteps, StepStream, add_latencies, request_frame
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
 from batchsim.sim.types import Workload
 from batchsim.workloads import build_workload
 
-__all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "simulate", "write_outputs"]
+__all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "run_to_folder", "simulate", "write_outputs",
+           "choose_format", "AUTO_PARQUET_REQUESTS"]
 
 
 @dataclass
@@ -64,7 +67,7 @@ class RunResult:
     summary: dict
     requests: pd.DataFrame
     steps: pd.DataFrame
-    itl: pd.DataFrame
+    itl: ItlRecords  # every gap (batchsim.sim.itl): .weighted(), .frame() for one row per gap
     meta: dict
     engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
 
@@ -191,23 +194,26 @@ def _check_max_model_len(cfg, parts: Parts) -> None:
                          f"{parts.max_model_len}); expected at most {parts.max_model_len}", "policy.max_model_len")
 
 
-def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica) -> RunResult:
+def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica,
+             step_sink: Any = "memory") -> RunResult:
     """Run one scenario's policy over prebuilt parts.
 
     ``replica`` builds each replica from ``(env, index, policy, cost, kv,
     max_model_len, steps, itl)``; the reference executor passes a
     :class:`~batchsim.sim.engine.Replica` subclass that times real steps.
+
+    ``step_sink``: where the step records go as the run makes them (batchsim.sim.records.StepStream):
+    ``"memory"`` keeps them as ``RunResult.steps`` (none with ``measure.records: aggregate``);
+    ``None`` keeps none; a sink (``write(chunk)``, ``close()``: e.g. a batchsim.sim.io.TableFile)
+    takes them a chunk at a time, so a long run's memory does not grow with its steps. The
+    summary's step sums come from running totals either way.
     """
     aggregate = scenario.measure.records == "aggregate"
     client_arrival = parts.workload.arrival  # (when the clients sent their requests)
-    if aggregate and parts.workload.closed is not None:
-        raise InputError("a closed loop makes its arrival times as it runs, and aggregate records pick the "
-                         "measured requests by arrival before it starts; use measure.records: full",
-                         "measure.records")
-    if aggregate:
-        steps, itl = StepTotals(scenario.replicas), ItlAggregate(scenario.replicas, _measured(parts.workload, scenario))
-    else:
-        steps, itl = StepLog(), ItlLog()
+    if isinstance(step_sink, str):
+        step_sink = None if aggregate else FrameSteps()
+    step_totals = StepTotals(scenario.replicas)
+    steps = StepStream(step_totals, step_sink)
     pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
     _check_max_model_len(pols[0].config, parts)
     try:
@@ -229,10 +235,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         with _policy_contract(scenario, pols[0]):
             ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
                                 caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
-                                scenario.max_queue_len, steps,
-                                [itl.sink(i) if aggregate else itl for i in range(scenario.replicas)],
-                                router_rng=_seeds(scenario.seed)[1])
-        requests, now = ran.requests, ran.now
+                                scenario.max_queue_len, steps, router_rng=_seeds(scenario.seed)[1])
+        requests, now, itl = ran.requests, ran.now, ran.itl
         for c, peak in zip(caches, ran.kv_peak):
             c.peak_used = peak
         unfinished = int((requests["status"] == UNFINISHED).sum())
@@ -243,7 +247,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         sent = parts.workload.arrival
     else:
         env = simpy.Environment()
-        replicas = [replica(env, i, pol, parts.cost, kv, max_len, steps, itl.sink(i) if aggregate else itl)
+        replicas = [replica(env, i, pol, parts.cost, kv, max_len, steps, TokenSteps())
                     for i, (pol, kv) in enumerate(zip(pols, caches))]
         route = make_router(scenario.router, _seeds(scenario.seed)[1])
         cluster = Cluster(env, replicas, route, parts.workload, scenario.max_queue_len)
@@ -251,6 +255,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
             env.run(until=scenario.horizon_s)
         _check_unfinished_are_held(cluster)
         requests, now = request_frame(cluster.requests), env.now
+        itl = _itl_records(replicas, cluster.requests, len(parts.workload))
         engine = {"steps": len(steps), "engine": "python"}
         sent = cluster.arrival  # (a closed loop's send times; inf for requests never sent)
     workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
@@ -258,29 +263,18 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         client = cluster.sent if parts.workload.closed is not None else client_arrival
         requests = _client_times(requests, client)
     _check_conservation(requests, workload, scenario.horizon_s)
-    if aggregate:
-        step_df = pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
-        itl_df = pd.DataFrame({"rid": np.empty(0, dtype=np.int64), "gap": np.empty(0)})
-    else:
-        step_df, itl_df = steps.frame(), itl.frame()
-    if scenario.replicas > 1 and not aggregate:
-        # NOTE: replicas append records as their steps finish, so steps of
-        # different replicas that end at the same time come in event order
-        # (whichever SimPy resumed first) and gaps of different requests are
-        # interleaved: put records in one canonical order (steps by end time
-        # then replica; gaps by request, each request's in time order) so
-        # outputs do not depend on event order.
-        step_df = step_df.iloc[np.lexsort((step_df["replica"].to_numpy(), step_df["end"].to_numpy()))]
-        step_df = step_df.reset_index(drop=True)
-        itl_df = itl_df.sort_values("rid", kind="stable").reset_index(drop=True)
+    # (the records in one canonical order, by end time then replica, whatever order SimPy resumed
+    # replicas that end a step at the same time in: StepStream)
+    steps.close()
+    step_df = (step_sink.frame() if isinstance(step_sink, FrameSteps)
+               else pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS}))
     if fe is not None and scenario.horizon_s is not None:
-        requests, itl_df = _frontend_horizon(requests, itl_df, client, parts.workload, scenario.horizon_s)
+        requests, itl = _frontend_horizon(requests, itl, client, parts.workload, scenario.horizon_s)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
     # (every request of an open loop; those its clients sent, of a closed one)
     n_sent = (int(np.isfinite(cluster.sent).sum()) if parts.workload.closed is not None
               else _arrived(workload, math.inf))
-    last_end = (steps.totals()["max_end"] if aggregate else
-                float(step_df["end"].max()) if len(step_df) else 0.0)
+    last_end = step_totals.totals()["max_end"]
     last = max([last_end if last_end > -math.inf else 0.0,
                 float(np.max(workload.arrival, where=np.isfinite(workload.arrival), initial=0.0))])
     sim_end = now if unfinished else last
@@ -291,7 +285,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         kv_peak_blocks=max(c.peak_used for c in caches),
         warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
     )
-    summary = summarize(requests, steps if aggregate else step_df, itl if aggregate else itl_df, totals, policy=pols[0].name,
+    summary = summarize(requests, step_totals, itl, totals, policy=pols[0].name,
                         slo=scenario.slo.limits())
     if workload.closed is not None:
         summary.setdefault("warnings", []).extend(_closed_loop_warnings(requests, workload, n_sent))
@@ -312,7 +306,20 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     summary["provenance"] = provenance(scenario, parts, pols[0], meta, max_len, summary["engine"])
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
-    return RunResult(scenario, summary, requests, step_df, itl_df, meta, engine)
+    return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
+
+
+def _itl_records(replicas, seqs, n: int) -> ItlRecords:
+    """The Python engine's gaps (batchsim.sim.itl): its replicas' token steps and closed runs, and
+    each request's open run."""
+    closed = [r for rep in replicas for r in rep.itl.closed]
+    cols = list(zip(*closed)) if closed else [[]] * 5
+    rep = np.full(n, -1, dtype=np.int64)
+    start, end, entry = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, np.nan)
+    for s in seqs:
+        if s.run is not None:
+            rep[s.rid], start[s.rid], end[s.rid], entry[s.rid] = s.run
+    return ItlRecords.build([np.array(r.itl.times, dtype=np.float64) for r in replicas], cols, (rep, start, end, entry))
 
 
 def _client_times(requests: pd.DataFrame, sent: np.ndarray) -> pd.DataFrame:
@@ -328,11 +335,11 @@ def _client_times(requests: pd.DataFrame, sent: np.ndarray) -> pd.DataFrame:
     return add_latencies(requests)
 
 
-def _frontend_horizon(requests: pd.DataFrame, itl: pd.DataFrame, sent: np.ndarray, workload: Workload,
-                      horizon: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _frontend_horizon(requests: pd.DataFrame, itl: ItlRecords, sent: np.ndarray, workload: Workload,
+                      horizon: float) -> tuple[pd.DataFrame, ItlRecords]:
     """What the clients have at ``horizon_s`` when a frontend stands between them and the engine:
     tokens the frontend streams after it are not theirs (a completion after it is unfinished, a
-    first token after it is none, gaps ending after it are dropped from full records), and
+    first token after it is none, gaps ending after it are dropped), and
     requests sent before it but still in the frontend's queue are unfinished requests."""
     req = requests.copy()
     for col in ("first_token", "last_token", "completion"):
@@ -340,12 +347,10 @@ def _frontend_horizon(requests: pd.DataFrame, itl: pd.DataFrame, sent: np.ndarra
         req.loc[late, col] = np.nan
     late = (req["status"] == "completed").to_numpy() & req["completion"].isna().to_numpy()
     req.loc[late, "status"] = UNFINISHED
-    if len(itl):  # (full records: each request's gaps are in time order from its first token)
-        first = pd.Series(requests["first_token"].to_numpy(), index=requests["rid"].to_numpy())
-        at = first.reindex(itl["rid"].to_numpy()).to_numpy() + itl.groupby("rid", sort=False)["gap"].cumsum().to_numpy()
-        itl = itl[~(at > horizon)].reset_index(drop=True)
-        kept = itl.groupby("rid", sort=False)["gap"].max()
-        req["max_itl"] = kept.reindex(req["rid"].to_numpy()).fillna(0.0).to_numpy()
+    itl, lost = itl.clip(horizon)
+    if len(lost):
+        pos = pd.Index(req["rid"].to_numpy()).get_indexer(lost)
+        req.loc[req.index[pos], "max_itl"] = itl.max_per_request(lost)
     seen = np.zeros(len(workload), dtype=bool)
     seen[req["rid"].to_numpy()] = True
     waiting = np.flatnonzero(~seen & (np.asarray(sent, dtype=np.float64) < horizon))
@@ -414,14 +419,6 @@ def _arrived(workload: Workload, horizon: float | None) -> int:
     return len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
 
 
-def _measured(workload: Workload, scenario: Scenario) -> np.ndarray:
-    """Per rid: does the request arrive, within the measured window (batchsim.sim.metrics.in_window)?"""
-    n = _arrived(workload, scenario.horizon_s)
-    mask = np.zeros(len(workload), dtype=bool)
-    mask[:n] = in_window(workload.arrival[:n], scenario.measure.warmup_s, scenario.measure.cooldown_s)
-    return mask
-
-
 def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:
     """Every request that arrived is completed, rejected or unfinished: never lost."""
     arrived = _arrived(workload, horizon)
@@ -457,14 +454,67 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
     return simulate(scenario, build_parts(scenario, base_dir))
 
 
-def write_outputs(result: RunResult, out_dir: str | Path) -> Path:
-    """Write summary.json, requests.csv and steps.csv as one set (batchsim.sim.io.write_set:
-    never a mix of an old run's files and this one's; manifest.json says what the set holds)."""
+AUTO_PARQUET_REQUESTS = 100_000
+"""``--format auto``: CSV for runs of at most this many requests, Parquet above (a million request
+rows take ~10 s as CSV, well under a second as Parquet)."""
+
+
+def choose_format(fmt: str, requests: int) -> tuple[str, str]:
+    """The records' format for ``--format fmt`` and a run of ``requests`` requests, and why."""
+    if fmt != "auto":
+        return fmt, f"--format {fmt}"
+    if requests > AUTO_PARQUET_REQUESTS:
+        return "parquet", f"--format auto: {requests:,} requests > {AUTO_PARQUET_REQUESTS:,}; --format csv for CSV"
+    return "csv", f"--format auto: {requests:,} requests <= {AUTO_PARQUET_REQUESTS:,}; --format parquet for Parquet"
+
+
+class _StepFile(TableFile):
+    """steps.<fmt> written as the run makes the steps (a batchsim.sim.records.StepStream sink)."""
+
+    def close(self, columns: pd.DataFrame | None = None) -> Path:
+        return super().close(pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS}))
+
+
+def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None = None, fmt: str = "auto",
+                  command: str | None = None) -> tuple[RunResult, dict]:
+    """``batchsim run``: build, simulate and write the outputs (:func:`write_outputs`) with the step
+    records streamed to their file as the run goes, so memory does not grow with steps. Returns
+    the result (without step rows) and what was written (``format``, ``why``, ``files``)."""
+    parts = build_parts(scenario, base_dir)
+    fmt, why = choose_format(fmt, len(parts.workload))
+    out = Path(out_dir).absolute()
+    steps_file = None
+    if scenario.measure.step_records and scenario.measure.records == "full":
+        # (beside the output folder, named as write_set's temporary files are, so a killed run's is
+        # removed by the next write to the same place: batchsim.sim.io.clean_orphans)
+        steps_file = _StepFile(out.parent / f".{out.name}.tmp-{os.getpid()}-steps.{fmt}", fmt)
+    try:
+        result = simulate(scenario, parts, step_sink=steps_file)
+        if command is not None:
+            result.summary["provenance"]["command"] = command
+        written = write_outputs(result, out, fmt, steps_path=steps_file.path if steps_file else None, why=why)
+    except BaseException:
+        if steps_file is not None:
+            steps_file.discard()
+            steps_file.path.unlink(missing_ok=True)
+        raise
+    return result, written
+
+
+def write_outputs(result: RunResult, out_dir: str | Path, fmt: str = "csv", steps_path: Path | None = None,
+                  why: str | None = None) -> dict:
+    """Write summary.json, requests.<fmt> and steps.<fmt> (``fmt``: csv or parquet) as one set
+    (batchsim.sim.io.write_set: never a mix of an old run's files and this one's; manifest.json
+    says what the set holds, and in which format why). ``steps_path``: the step records already
+    written (:func:`run_to_folder`), moved into the set. Returns ``{"format", "why", "files"}``."""
     writers = {"summary.json": lambda p: write_json(p, result.summary),
-               "requests.csv": lambda p: write_csv(p, result.requests)}
-    if result.scenario.measure.step_records and result.scenario.measure.records == "full":
-        writers["steps.csv"] = lambda p: write_csv(p, result.steps)
+               f"requests.{fmt}": lambda p: write_table(p, result.requests, fmt)}
+    if steps_path is not None:
+        writers[f"steps.{fmt}"] = lambda p: os.replace(steps_path, p)
+    elif result.scenario.measure.step_records and result.scenario.measure.records == "full":
+        writers[f"steps.{fmt}"] = lambda p: write_table(p, result.steps, fmt)
     prov = result.summary.get("provenance") or {}
     about = {"written_by": f"batchsim {__version__}", "scenario": result.scenario.name,
-             "scenario_hash": prov.get("scenario_hash")}
-    return write_set(out_dir, writers, about)
+             "scenario_hash": prov.get("scenario_hash"), "format": fmt, **({"format_why": why} if why else {})}
+    write_set(out_dir, writers, about)
+    return {"format": fmt, "why": why, "files": list(writers)}

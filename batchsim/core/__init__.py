@@ -49,6 +49,7 @@ import pandas as pd
 from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, request_frame
+from batchsim.sim.itl import ItlRecords
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
 __all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error", "library_path", "packaged_libraries"]
@@ -80,8 +81,9 @@ _COMPLETED, _REJECTED = 1, 2
 
 
 def _rep_info(i: int) -> int:
-    """Where replica ``i``'s scalars start in core_info's output: [nsteps, ngaps, KV peak]."""
-    return 5 + 3 * i
+    """Where replica ``i``'s scalars start in core_info's output: [nsteps, token steps, KV peak,
+    closed runs]."""
+    return 5 + 4 * i
 _STEP_CAP = 16384  # step records per replica handed over at a time (fewer with many replicas)
 _GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
 
@@ -256,7 +258,7 @@ def library() -> ctypes.CDLL | None:
         lib, _lib_path = got, path
     vp = ctypes.c_void_p
     lib.core_new.restype = vp
-    lib.core_new.argtypes = [vp] * 14
+    lib.core_new.argtypes = [vp] * 15
     lib.core_rules.restype = ctypes.c_char_p
     lib.core_rules.argtypes = []
     lib.core_run.restype = ctypes.c_int
@@ -502,6 +504,7 @@ class CoreRun:
     """What a core run leaves for the runner: the request records, the clock, KV peaks."""
 
     requests: pd.DataFrame
+    itl: ItlRecords
     now: float
     kv_peak: list[int]
     steps: int
@@ -513,10 +516,10 @@ def _ptr(a: np.ndarray) -> int:
 
 
 def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_model_len: int,
-             router: str, horizon: float | None, max_queue_len: int | None, steps, itl_sinks: list,
+             router: str, horizon: float | None, max_queue_len: int | None, steps,
              router_rng: np.random.Generator | None = None) -> CoreRun:
-    """Run the scenario in the compiled core, writing records into ``steps`` and ``itl_sinks``
-    (one per replica) exactly as the Python engine would. ``router_rng`` is the router's
+    """Run the scenario in the compiled core, writing step records into ``steps`` exactly as the
+    Python engine would; the run's gaps come back as ``CoreRun.itl`` (batchsim.sim.itl). ``router_rng`` is the router's
     generator (``power_of_two`` draws its pairs from it, as batchsim.sim.router does)."""
     lib = library()
     if lib is None:  # pragma: no cover - callers check first
@@ -524,8 +527,10 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
                    router_rng)
     reps = len(kv_blocks)
-    info, dense, sf, si, g_rid, g_gap, req_i, req_f = (a[k] for k in (
-        "info", "dense", "sf", "si", "g_rid", "g_gap", "req_i", "req_f"))
+    info, dense, sf, si, g_t, g_run, g_entry, req_i, req_f = (a[k] for k in (
+        "info", "dense", "sf", "si", "g_t", "g_run", "g_entry", "req_i", "req_f"))
+    times: list[list[np.ndarray]] = [[] for _ in range(reps)]
+    closed: list[list[np.ndarray]] = [[] for _ in range(5)]
     global _active
     _active = (lib, st, a)
     try:
@@ -545,7 +550,9 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
             if status < 0:
                 raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
             lib.core_info(st, _ptr(info))
-            _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks)
+            _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed)
+            if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
+                steps.settle(float(info[0]))
             lib.core_flushed(st)
             if status == _DONE:
                 break
@@ -556,7 +563,10 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         lib.core_free(st)
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
-    return CoreRun(requests=requests, now=float(info[0]),
+    itl = ItlRecords.build([np.concatenate(t) if t else np.zeros(0) for t in times],
+                           [np.concatenate(c) if c else np.zeros(0) for c in closed],
+                           (req_i[7, :delivered], req_i[8, :delivered], req_i[9, :delivered], req_f[5, :delivered]))
+    return CoreRun(requests=requests, itl=itl, now=float(info[0]),
                    kv_peak=[int(info[_rep_info(i) + 2]) for i in range(reps)], steps=int(info[1]),
                    held=held)
 
@@ -634,27 +644,28 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     arrival = np.ascontiguousarray(workload.arrival, dtype=np.float64)
     prompt = np.ascontiguousarray(workload.prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(workload.output_tokens, dtype=np.int64)
-    req_i = np.empty((7, max(n, 1)), dtype=np.int64)
-    req_f = np.empty((5, max(n, 1)), dtype=np.float64)
+    req_i = np.empty((10, max(n, 1)), dtype=np.int64)
+    req_f = np.empty((6, max(n, 1)), dtype=np.float64)
     blocks = np.array(kv_blocks, dtype=np.int64)
     sf = np.empty((reps, 9, step_cap), dtype=np.float64)
     si = np.empty((reps, 11, step_cap), dtype=np.int64)
-    g_rid = np.empty((reps, gap_cap), dtype=np.int64)
-    g_gap = np.empty((reps, gap_cap), dtype=np.float64)
+    g_t = np.empty((reps, gap_cap), dtype=np.float64)
+    g_run = np.empty((reps, 3, gap_cap), dtype=np.int64)
+    g_entry = np.empty((reps, gap_cap), dtype=np.float64)
     info = np.zeros(_rep_info(reps), dtype=np.float64)
     dense = np.empty(7, dtype=np.float64)
     st = lib.core_new(ctypes.addressof(params), ctypes.addressof(recipe), ctypes.addressof(costs), _ptr(arrival),
                       _ptr(prompt), _ptr(output), _ptr(req_i), _ptr(req_f), _ptr(blocks), _ptr(sf), _ptr(si),
-                      _ptr(g_rid), _ptr(g_gap), _ptr(pairs))
+                      _ptr(g_t), _ptr(g_run), _ptr(g_entry), _ptr(pairs))
     if not st:
         raise MemoryError("the compiled core could not allocate its state")
     return st, {"params": params, "recipe": recipe, "costs": costs, "keep": keep, "pairs": pairs, "arrival": arrival,
                 "prompt": prompt, "output": output,
-                "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_rid": g_rid,
-                "g_gap": g_gap, "info": info, "dense": dense}
+                "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_t": g_t,
+                "g_run": g_run, "g_entry": g_entry, "info": info, "dense": dense}
 
 
-def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
+def _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:
     for i in range(reps):
         k = int(info[_rep_info(i)])
         if k:
@@ -662,9 +673,14 @@ def _flush(info, reps, sf, si, g_rid, g_gap, steps, itl_sinks) -> None:
             steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
                          f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)
-        g = int(info[_rep_info(i) + 1])
-        if g:
-            itl_sinks[i].extend(g_rid[i, :g], g_gap[i, :g])
+        t = int(info[_rep_info(i) + 1])
+        if t:
+            times[i].append(g_t[i, :t].copy())
+        c = int(info[_rep_info(i) + 3])
+        if c:
+            for col, v in zip(closed, (g_run[i, 0, :c], np.full(c, i, dtype=np.int64), g_run[i, 1, :c],
+                                       g_run[i, 2, :c], g_entry[i, :c])):
+                col.append(v.copy())
 
 
 def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, block_size, max_queue_len):

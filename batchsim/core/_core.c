@@ -215,9 +215,11 @@ typedef struct {
     double *sf;   /* [NSTEP_F][step_cap] */
     int64_t *si;  /* [NSTEP_I][step_cap] */
     int64_t nsteps;
-    int64_t *g_rid;
-    double *g_gap;
-    int64_t ngaps;
+    double *g_t;       /* [gap_cap] delivery times of token steps (batchsim/sim/itl.py) */
+    int64_t *g_run;    /* [3][gap_cap] closed runs: rid, start, end */
+    double *g_entry;   /* [gap_cap] closed runs: entry gap */
+    int64_t nt, nclosed, kt;  /* token steps and closed runs in the buffers; token steps in all */
+    int64_t *firsts;   /* the rows of this step that got their first token */
 } replica_t;
 
 typedef struct {
@@ -254,6 +256,8 @@ typedef struct {
     int64_t *status, *reason, *reason_val, *admitted_int;
     int now_is_int;  /* SimPy's clock is still the integer 0 (no timeout has fired yet) */
     double *admitted, *first_token, *last_token, *completion, *max_itl;
+    int64_t *run_rep, *run_start, *run_end;  /* each request's open run of tokens (batchsim/sim/itl.py) */
+    double *run_entry;
     uint8_t *running, *finished;
     int64_t *mark_sched, *mark_pre;  /* plan epoch in which scheduled / preempted */
     int64_t epoch;
@@ -978,7 +982,7 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
     /* Replica._advance then Replica._record; tokens are stamped when their clients have them
      * (batchsim/sim/frontend.py delivered_at) */
     double now = s->now, end = now;
-    int64_t ndone = 0;
+    int64_t ndone = 0, kstep = r->kt, emitted = 0, nfirst = 0;
     if (s->has_frontend && r->use.sampled) {
         double start = now > r->out_free ? now : r->out_free;
         now = r->out_free = start + s->out_step + s->out_token * (double)r->use.sampled;
@@ -994,12 +998,29 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
         double last = s->last_token[rid];
         if (isnan(last)) {
             s->first_token[rid] = now;
+            r->firsts[nfirst++] = rid;
         } else {
             double gap = now - last;
-            r->g_rid[r->ngaps] = rid;
-            r->g_gap[r->ngaps] = gap;
-            r->ngaps++;
             if (gap > s->max_itl[rid]) s->max_itl[rid] = gap;
+            if (!emitted) {
+                r->g_t[r->nt++] = now;
+                r->kt++;
+                emitted = 1;
+            }
+            if (s->run_rep[rid] == ri && s->run_end[rid] == kstep - 1) {
+                s->run_end[rid] = kstep;
+            } else {
+                if (s->run_rep[rid] >= 0) {
+                    int64_t j = r->nclosed++, cap = s->gap_cap;
+                    r->g_run[j] = rid;
+                    r->g_run[cap + j] = s->run_start[rid];
+                    r->g_run[2 * cap + j] = s->run_end[rid];
+                    r->g_entry[j] = s->run_entry[rid];
+                }
+                s->run_rep[rid] = ri;
+                s->run_start[rid] = s->run_end[rid] = kstep;
+                s->run_entry[rid] = gap;
+            }
         }
         s->last_token[rid] = now;
         if (g >= s->output[rid]) {
@@ -1007,6 +1028,14 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
             s->status[rid] = ST_COMPLETED;
             s->completion[rid] = now;
             ndone++;
+        }
+    }
+    if (nfirst && emitted) {  /* first tokens in a token step: their runs start with it */
+        for (int64_t j = 0; j < nfirst; j++) {
+            int64_t rid = r->firsts[j];
+            s->run_rep[rid] = ri;
+            s->run_start[rid] = s->run_end[rid] = kstep;
+            s->run_entry[rid] = NAN;
         }
     }
     if (ndone && !r->hold_finished) {
@@ -1181,7 +1210,7 @@ void core_free(core_t *s) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
             free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->scratch);
-            free(r->pre); free(r->rej); free(r->rel); free(r->cand); free(r->keys); free(r->pad_q); free(r->pad_kv); free(r->pad_s);
+            free(r->pre); free(r->rej); free(r->rel); free(r->cand); free(r->keys); free(r->pad_q); free(r->pad_kv); free(r->pad_s); free(r->firsts);
         }
         free(s->reps);
     }
@@ -1195,13 +1224,13 @@ static void curve_from(curve_t *c, const core_curve_t *t) {
 }
 
 /* The run's settings, the policy's recipe and the cost model's pricing table (named structs),
- * workload arrays, per-request outputs (int64 [7][n] and double [5][n]),
+ * workload arrays, per-request outputs (int64 [10][n] and double [6][n]),
  * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
- * int64 [R][gap_cap], double [R][gap_cap]). */
+ * double [R][gap_cap] token-step times, int64 [R][3][gap_cap] and double [R][gap_cap] closed runs). */
 core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const core_cost_t *co,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
                  int64_t *req_i, double *req_f, const int64_t *blocks,
-                 double *sf, int64_t *si, int64_t *g_rid, double *g_gap, const int64_t *pairs) {
+                 double *sf, int64_t *si, double *g_t, int64_t *g_run, double *g_entry, const int64_t *pairs) {
     if (recipe->n_moves < 0 || recipe->n_moves > MAX_MOVES || recipe->n_pref < 0 || recipe->n_pref > MAX_PREF)
         return NULL;
     core_t *s = (core_t *)calloc(1, sizeof(core_t));
@@ -1254,6 +1283,8 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
     s->now_is_int = 1;
     s->admitted = req_f + 0 * n; s->first_token = req_f + 1 * n; s->last_token = req_f + 2 * n;
     s->completion = req_f + 3 * n; s->max_itl = req_f + 4 * n;
+    s->run_rep = req_i + 7 * n; s->run_start = req_i + 8 * n; s->run_end = req_i + 9 * n;
+    s->run_entry = req_f + 5 * n;
     int64_t m = n > 0 ? n : 1;
     s->num_tokens = (int64_t *)malloc(sizeof(int64_t) * m);
     s->num_computed = (int64_t *)calloc(m, sizeof(int64_t));
@@ -1286,6 +1317,9 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
         s->admitted_int[i] = 0;
         s->admitted[i] = s->first_token[i] = s->last_token[i] = s->completion[i] = NAN;
         s->max_itl[i] = 0.0;
+        s->run_rep[i] = -1;
+        s->run_start[i] = s->run_end[i] = 0;
+        s->run_entry[i] = NAN;
     }
     s->max_rows = s->max_seqs < n ? s->max_seqs : n;
     if (s->gap_cap < 2 * s->max_rows + 2) {  /* (Python sizes the gap buffers above this) */
@@ -1318,15 +1352,17 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
         r->pad_q = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_kv = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_s = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->firsts = (int64_t *)malloc(sizeof(int64_t) * rc);
         if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->scratch || !r->pre || !r->rej || !r->rel
-            || !r->pad_q || !r->pad_kv || !r->pad_s) {
+            || !r->pad_q || !r->pad_kv || !r->pad_s || !r->firsts) {
             core_free(s);
             return NULL;
         }
         r->sf = sf + i * NSTEP_F * s->step_cap;
         r->si = si + i * NSTEP_I * s->step_cap;
-        r->g_rid = g_rid + i * s->gap_cap;
-        r->g_gap = g_gap + i * s->gap_cap;
+        r->g_t = g_t + i * s->gap_cap;
+        r->g_run = g_run + i * 3 * s->gap_cap;
+        r->g_entry = g_entry + i * s->gap_cap;
         r->phase = PH_SCHEDULE;
     }
     s->pending_rep = -1;
@@ -1429,9 +1465,9 @@ static const char CORE_RULES[] =
     "batchsim.sim.engine.Cluster._client b640776e8788\n"
     "batchsim.sim.engine.Cluster._end 2fedc2ec967d\n"
     "batchsim.sim.engine.Cluster._send ea9b02fecb90\n"
-    "batchsim.sim.engine.Replica.__init__ 35c091e07285\n"
+    "batchsim.sim.engine.Replica.__init__ 167bfabaf3d1\n"
     "batchsim.sim.engine.Replica._admit 54312f09d395\n"
-    "batchsim.sim.engine.Replica._advance 395f47e9023f\n"
+    "batchsim.sim.engine.Replica._advance b5e9403a113a\n"
     "batchsim.sim.engine.Replica._check_names 7e4e20bd1ce3\n"
     "batchsim.sim.engine.Replica._grow_and_shape cc754fc57070\n"
     "batchsim.sim.engine.Replica._idle f5ada59026bc\n"
@@ -1475,7 +1511,7 @@ static const char CORE_RULES[] =
     "batchsim.sim.router._power_of_two fa9a65daf992\n"
     "batchsim.sim.router._round_robin 5d39de898559\n"
     "batchsim.sim.router.make_router 5a48ce78dd6e\n"
-    "batchsim.sim.state.Seq.__init__ 2188dd07fa96\n"
+    "batchsim.sim.state.Seq.__init__ 89b44e8a57c3\n"
     "batchsim.sim.state.Seq.__repr__ 56b2ea9d9ef7\n"
     "batchsim.sim.state.Seq.in_prefill.get ef6c7afb986e\n"
     "batchsim.sim.state.Seq.pending.get 67bb2374dcaa\n"
@@ -1565,7 +1601,6 @@ static const char CORE_RULES[] =
     "bind:batchsim.sim.engine.Cluster 3137a4f96439\n"
     "bind:batchsim.sim.engine.CostModel a39cd6b306e4\n"
     "bind:batchsim.sim.engine.InServers bbb63a1c8ffe\n"
-    "bind:batchsim.sim.engine.ItlLog 1ad923235b2d\n"
     "bind:batchsim.sim.engine.PagedKVCache 0748130da1c1\n"
     "bind:batchsim.sim.engine.Policy dedf5c5d2e21\n"
     "bind:batchsim.sim.engine.PolicyError 2e521b6d93b2\n"
@@ -1573,6 +1608,7 @@ static const char CORE_RULES[] =
     "bind:batchsim.sim.engine.Seq 98bfdc48bd10\n"
     "bind:batchsim.sim.engine.StepLog d035ff02ab2d\n"
     "bind:batchsim.sim.engine.StepShape 5ae1a1c2ee95\n"
+    "bind:batchsim.sim.engine.TokenSteps b606a180eea7\n"
     "bind:batchsim.sim.engine.Workload 0b6e6dc837fe\n"
     "bind:batchsim.sim.engine._View 5c88918de13b\n"
     "bind:batchsim.sim.engine.delivered_at 44af6fc830b7\n"
@@ -1635,11 +1671,11 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.recipe a9d48c746cae\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
     "file:batchsim.policies.step f011ca01d4ca\n"
-    "file:batchsim.sim.engine 19b2dfbae755\n"
+    "file:batchsim.sim.engine 703e67d68310\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv ff40597fbfd3\n"
     "file:batchsim.sim.router 3de2b7f0783a\n"
-    "file:batchsim.sim.state 95a85124d6db\n"
+    "file:batchsim.sim.state 3d3da7e3b7af\n"
     "file:batchsim.sim.types 4f549132c61f\n";
 /* END RULES FINGERPRINT */
 
@@ -1676,7 +1712,8 @@ int core_run(core_t *s) {
     while (s->nheap) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
-            if (r->nsteps + 1 > s->step_cap || r->ngaps + s->max_rows + 1 > s->gap_cap) return CORE_FLUSH;
+            if (r->nsteps + 1 > s->step_cap || r->nt + 1 > s->gap_cap
+                || r->nclosed + s->max_rows > s->gap_cap) return CORE_FLUSH;
         }
         if (s->has_horizon && !(s->heap[0].t < s->horizon)) break;
         event_t e = heap_pop(s);
@@ -1724,7 +1761,7 @@ int core_run(core_t *s) {
 }
 
 /* Scalars Python reads back: [now, steps, need_T, need_s, delivered], then per
- * replica [nsteps, ngaps, peak]. */
+ * replica [nsteps, token steps, peak, closed runs]. */
 void core_info(core_t *s, double *out) {
     out[0] = s->now;
     out[1] = (double)s->steps_total;
@@ -1733,9 +1770,10 @@ void core_info(core_t *s, double *out) {
     out[4] = (double)s->next_rid;
     for (int64_t i = 0; i < s->n_rep; i++) {
         replica_t *r = &s->reps[i];
-        out[5 + 3 * i + 0] = (double)r->nsteps;
-        out[5 + 3 * i + 1] = (double)r->ngaps;
-        out[5 + 3 * i + 2] = (double)r->peak;
+        out[5 + 4 * i + 0] = (double)r->nsteps;
+        out[5 + 4 * i + 1] = (double)r->nt;
+        out[5 + 4 * i + 2] = (double)r->peak;
+        out[5 + 4 * i + 3] = (double)r->nclosed;
     }
 }
 
@@ -1753,6 +1791,7 @@ int64_t core_held(core_t *s) {
 void core_flushed(core_t *s) {
     for (int64_t i = 0; i < s->n_rep; i++) {
         s->reps[i].nsteps = 0;
-        s->reps[i].ngaps = 0;
+        s->reps[i].nt = 0;
+        s->reps[i].nclosed = 0;
     }
 }

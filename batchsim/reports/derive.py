@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["measured_completed", "latency_samples_ms", "timeline", "token_split",
+__all__ = ["measured_completed", "report_itl", "latency_samples_ms", "timeline", "token_split",
            "load_window", "TIMELINE_FIELDS"]
 
 TIMELINE_FIELDS = ("t", "batch_size", "kv_usage", "queue_depth", "mfu", "mbu", "compute_share")
@@ -27,15 +27,25 @@ def measured_completed(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s
     return win[win["status"] == "completed"]
 
 
+def report_itl(requests: pd.DataFrame, itl, meta: dict) -> pd.DataFrame:
+    """The gaps of the measured completed requests (as the summary counts them) as a frame of
+    ``gap`` (s) and ``count``: what compare's report keeps of a run's batchsim.sim.itl.ItlRecords."""
+    from batchsim.sim.metrics import measured_gaps
+
+    done = measured_completed(requests, meta.get("warmup_s", 0.0), meta.get("cooldown_s", 0.0))
+    return measured_gaps(itl, done).weighted_frame()
+
+
 def latency_samples_ms(requests: pd.DataFrame, itl: pd.DataFrame, meta: dict) -> dict[str, np.ndarray]:
-    """TTFT, TPOT, E2E per measured request and every ITL gap of those, in ms."""
+    """TTFT, TPOT, E2E per measured request, in ms; ``itl`` the report's gaps (:func:`report_itl`)
+    in ms with their counts in ``itl_counts``."""
     done = measured_completed(requests, meta.get("warmup_s", 0.0), meta.get("cooldown_s", 0.0))
     out = {}
     for key in ("ttft", "tpot", "e2el"):
         v = done[key].to_numpy(dtype=float) if len(done) else np.empty(0)
         out[key] = v[~np.isnan(v)] * 1000.0
-    gaps = itl[itl["rid"].isin(done["rid"])]["gap"].to_numpy(dtype=float) if len(itl) else np.empty(0)
-    out["itl"] = gaps * 1000.0
+    out["itl"] = itl["gap"].to_numpy(dtype=float) * 1000.0 if len(itl) else np.empty(0)
+    out["itl_counts"] = itl["count"].to_numpy(dtype=np.int64) if len(itl) else np.empty(0, dtype=np.int64)
     return out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from batchsim.sim.itl import weighted_percentile
 from batchsim.reports.derive import latency_samples_ms, timeline, token_split
 from batchsim.reports.runs import PolicyRun
 from batchsim.reports.stats import CI_SUFFIX
@@ -27,13 +28,19 @@ _LATENCY = (("ttft", "TTFT", "time to first token"), ("tpot", "TPOT", "time per 
             ("itl", "ITL", "inter-token latency"), ("e2el", "E2E", "end-to-end latency"))
 
 
-def _ecdf(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    v = v[v > 0]
-    if len(v) <= CDF_POINTS:
-        x = np.sort(v)
-        return x, np.arange(1, len(x) + 1) / max(len(x), 1)
+def _ecdf(v: np.ndarray, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The empirical CDF of the positive values (each ``w`` times, if given), at most
+    CDF_POINTS points."""
+    w = np.ones(len(v), dtype=np.int64) if w is None else np.asarray(w, dtype=np.int64)
+    keep = v > 0
+    v, w = v[keep], w[keep]
+    order = np.argsort(v, kind="stable")
+    x, cum = v[order], np.cumsum(w[order])
+    n = int(cum[-1]) if len(cum) else 0
+    if n <= CDF_POINTS:
+        return np.repeat(x, w[order]), np.arange(1, n + 1) / max(n, 1)
     q = np.linspace(0.0, 1.0, CDF_POINTS)
-    return np.quantile(v, q), q
+    return np.array(weighted_percentile(x, w[order], q * 100)), q
 
 
 def _fig_legend(fig: Figure, handles: list, ncol: int) -> None:
@@ -55,11 +62,13 @@ def latency_cdfs(runs: Sequence[PolicyRun]) -> Figure:
     for ax, (key, short, long) in zip(axes, _LATENCY[:3]):
         for run in runs:
             v = samples[run.policy][key]
-            x, y = _ecdf(v)
+            w = samples[run.policy].get(f"{key}_counts")
+            x, y = _ecdf(v, w)
             ax.step(x, y, where="post", label=run.policy, **lines[run.policy])
             for p, marker in PERCENTILE_MARKERS.items():
                 if len(v):
-                    ax.plot([np.percentile(v, p)], [p / 100.0], marker=marker, ls="none", ms=7,
+                    at = weighted_percentile(v, w, [p])[0] if w is not None else np.percentile(v, p)
+                    ax.plot([at], [p / 100.0], marker=marker, ls="none", ms=7,
                             color=colors[run.policy], mec="black", mew=0.6)
         set_log(ax, "x", np.concatenate([samples[r.policy][key] for r in runs]))
         ax.set_ylim(0.0, 1.02)

@@ -1,28 +1,14 @@
-"""Bounded-memory records for very large runs (``measure.records: aggregate``).
+"""Running totals of the step records: what the summary's utilization figures are made of.
 
-A full run keeps one row per step and one per inter-token gap: about 16
-bytes per generated token, 7 GB for a million ShareGPT-like requests. With
-``aggregate`` records the engine writes into these sinks instead, which keep
-running totals and a histogram, so memory no longer grows with the run:
-
-- :class:`StepTotals` keeps the sums the summary's utilization figures need
-  (busy time, tokens, FLOPs, bytes, ...).
-- :class:`ItlAggregate` keeps the count, sum and sum of squares of the
-  measured requests' gaps and a log-spaced histogram (bins 0.1% wide), from
-  which ITL percentiles are read to within 0.05%.
+Every run's step records go to :class:`StepTotals` (through batchsim.sim.records.StepStream),
+kept or not: the sums the utilization figures need (busy time, tokens, FLOPs, bytes, ...),
+in memory that does not grow with the run.
 
 Determinism: each replica's records are reduced in fixed chunks of its own
-steps (and of its own gaps), then chunk sums are added in order and replicas
-in index order. Records arrive per replica in step order, one step or (from
-the compiled core) one block at a time, and blocks are split at chunk
-boundaries, so every total is bit-identical across engines and replica
-interleavings.
-
-What differs from full records: no steps.csv and no per-gap frame (reports
-that plot ITL distributions need full records), and a request counts for ITL
-by its arrival in the measurement window, so with a horizon the gaps of
-requests still running when it cuts the run are included (full records keep
-completed requests only).
+steps, then chunk sums are added in order and replicas in index order.
+Records arrive per replica in step order, one step or (from the compiled
+core) one block at a time, and blocks are split at chunk boundaries, so every
+total is bit-identical across engines and replica interleavings.
 """
 
 from __future__ import annotations
@@ -34,13 +20,9 @@ import numpy as np
 from batchsim.sim.records import STEP_FIELDS
 from batchsim.sim.records import write_waiting
 
-__all__ = ["StepTotals", "ItlAggregate", "STEP_CHUNK", "ITL_CHUNK"]
+__all__ = ["StepTotals", "STEP_CHUNK"]
 
 STEP_CHUNK = 4096
-ITL_CHUNK = 1 << 16
-_ITL_G0 = 1e-7  # gaps at or below 0.1 us share the first bin
-_ITL_WIDTH = math.log1p(1e-3)  # each bin is 0.1% wider than the last
-_WAITING_GAPS = 1 << 14  # listed gaps written at a time (at most)
 
 _SUMS = ("busy", "compute_s", "memory_s", "useful_flops", "bytes")
 _INTS = ("prefill_tokens", "decode_tokens", "padding_tokens", "num_seqs", "out_of_range", "steps")
@@ -225,120 +207,3 @@ class StepTotals(_Chunked):
         out["mean_batch_size"] = out["num_seqs"] / out["steps"] if out["steps"] else 0.0
         out["max_end"] = self.max_end
         return out
-
-
-class _ItlSink:
-    """What one replica's engine writes gaps into (``ItlLog``'s ``extend``)."""
-
-    __slots__ = ("_agg", "_replica", "_buf")
-
-    def __init__(self, agg: "ItlAggregate", replica: int) -> None:
-        self._agg, self._replica = agg, replica
-        self._buf = agg._bufs[replica]
-
-    def extend(self, rids, gaps) -> None:
-        agg = self._agg
-        if type(gaps) is list and agg._all_measured:  # a step's gaps: they wait in a list
-            buf = self._buf
-            waiting = buf.waiting
-            waiting += gaps
-            k = len(waiting)
-            if k >= _WAITING_GAPS or buf.n + k + buf.skipped >= ITL_CHUNK:
-                agg._settle(self._replica, buf)
-            return
-        agg._gaps(self._replica, rids, gaps)
-
-
-class ItlAggregate(_Chunked):
-    """Count, sums and a log histogram of the measured requests' inter-token gaps."""
-
-    def __init__(self, replicas: int, measured: np.ndarray) -> None:
-        super().__init__(replicas, ("f8",), ITL_CHUNK)
-        self._measured = measured
-        self._all_measured = bool(np.all(measured))
-        # where the measured rids are one run lo..hi-1 (measured by arrival
-        # time, rids in arrival order), a list's rids are checked by min and max
-        idx = np.flatnonzero(measured)
-        lo = int(idx[0]) if len(idx) else 0
-        self._run = (lo, lo + len(idx)) if len(idx) and int(idx[-1]) - lo + 1 == len(idx) else None
-        self._sum = [0.0] * replicas
-        self._sq = [0.0] * replicas
-        self._n = [0] * replicas
-        self._hist = np.zeros(1 << 15, dtype=np.int64)
-
-    def sink(self, replica: int) -> _ItlSink:
-        return _ItlSink(self, replica)
-
-    def __len__(self) -> int:
-        return sum(self._n) + sum(len(b) for b in self._bufs)
-
-    def _gaps(self, replica: int, rids, gaps) -> None:
-        if (self._run is not None and type(gaps) is list and type(rids) is list
-                and len(rids) == len(gaps)):
-            if not gaps:
-                return
-            lo, hi = self._run
-            if lo <= min(rids) and max(rids) < hi:  # all measured: they wait in a list
-                buf = self._bufs[replica]
-                waiting = buf.waiting
-                waiting += gaps
-                k = len(waiting)
-                if k >= _WAITING_GAPS or buf.n + k + buf.skipped >= ITL_CHUNK:
-                    self._settle(replica, buf)
-                return
-        if not self._all_measured:
-            keep = self._measured[np.asarray(rids, dtype=np.int64)]
-            if not keep.all():
-                gaps = np.asarray(gaps, dtype=np.float64)[keep]
-        gaps = np.asarray(gaps, dtype=np.float64)
-        if len(gaps):
-            self._add(replica, (gaps,), len(gaps))
-
-    def _waiting_columns(self, gaps: list) -> list:
-        return [gaps]
-
-    def _reduce(self, replica: int, buf: _Chunk) -> None:
-        n = buf.n
-        g = buf.arrays[0] if n == self._chunk else buf.arrays[0][:n]
-        self._sum[replica] += float(g.sum())
-        self._sq[replica] += float((g * g).sum())
-        self._n[replica] += len(g)
-        b = self._bin(g)
-        top = int(b.max()) + 1
-        if top > len(self._hist):
-            self._hist = np.concatenate((self._hist, np.zeros(top - len(self._hist), dtype=np.int64)))
-        self._hist[:top] += np.bincount(b, minlength=top)
-
-    @staticmethod
-    def _bin(g: np.ndarray) -> np.ndarray:
-        return np.floor(np.log(np.maximum(g, _ITL_G0) / _ITL_G0) / _ITL_WIDTH).astype(np.int64)
-
-    def stats(self, prefix: str, percentiles) -> dict[str, float | None]:
-        """``mean_/std_/median_/pNN_{prefix}_ms`` as :func:`batchsim.sim.metrics._stats` names them."""
-        self._flush()
-        n = sum(self._n)
-        out = {f"mean_{prefix}_ms": None, f"std_{prefix}_ms": None}
-        if not n:  # no gap measured: null, as batchsim.sim.metrics._stats says
-            out.update({("median" if p == 50 else f"p{p}") + f"_{prefix}_ms": None for p in percentiles})
-            return out
-        total = sq = 0.0
-        for s, q in zip(self._sum, self._sq):
-            total += s
-            sq += q
-        mean = total / n
-        out[f"mean_{prefix}_ms"] = mean * 1000.0
-        out[f"std_{prefix}_ms"] = math.sqrt(max(sq / n - mean * mean, 0.0)) * 1000.0
-        cum = np.cumsum(self._hist)
-        for p in percentiles:
-            rank = p / 100.0 * (n - 1)  # numpy's default (linear) percentile
-            lo, hi = math.floor(rank), math.ceil(rank)
-            v_lo, v_hi = self._value(cum, lo), self._value(cum, hi)
-            key = "median" if p == 50 else f"p{p}"
-            out[f"{key}_{prefix}_ms"] = (v_lo + (v_hi - v_lo) * (rank - lo)) * 1000.0
-        return out
-
-    @staticmethod
-    def _value(cum: np.ndarray, index: int) -> float:
-        """The gap at sorted position ``index``: its bin's geometric centre."""
-        b = int(np.searchsorted(cum, index, "right"))
-        return _ITL_G0 * math.exp((b + 0.5) * _ITL_WIDTH)

@@ -11,6 +11,7 @@ for the built-in policies.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Sequence
 
@@ -20,7 +21,8 @@ import simpy
 from batchsim.sim.frontend import InServers, delivered_at
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.protocols import CostModel, Policy, PolicyError
-from batchsim.sim.records import ItlLog, StepLog
+from batchsim.sim.itl import TokenSteps
+from batchsim.sim.records import StepLog
 from batchsim.sim.state import COMPLETED, REJECTED, Seq
 from batchsim.sim.types import BatchPlan, StepShape, Workload
 
@@ -58,7 +60,7 @@ class Replica:
     """One model replica: a policy, a KV cache and a cost model."""
 
     def __init__(self, env: simpy.Environment, index: int, policy: Policy, cost: CostModel,
-                 kv: PagedKVCache, max_model_len: int, steps: StepLog, itl: ItlLog) -> None:
+                 kv: PagedKVCache, max_model_len: int, steps: StepLog, itl: TokenSteps) -> None:
         self.env, self.index, self.policy, self.cost, self.kv = env, index, policy, cost, kv
         self.max_model_len = max_model_len
         self.waiting: deque[Seq] = deque()
@@ -267,7 +269,10 @@ class Replica:
         if fe is not None and sampled:
             now = self._out_free = delivered_at(now, self._out_free, sampled, fe[2], fe[3])
         prefix = self.kv.prefix_caching
-        done, gap_rids, gaps = [], [], []
+        done, firsts = [], []
+        # (this step's index among the replica's token steps, the steps in which some request gets a
+        # token after its first, if it is one: batchsim.sim.itl)
+        times, k, idx = self.itl.times, len(self.itl.times), self.index
         for rid, q in plan.num_tokens.items():
             seq = seqs[rid]
             c = seq.num_computed + q
@@ -282,12 +287,20 @@ class Replica:
             last = seq.last_token
             if last is None:
                 seq.first_token = now
+                firsts.append(seq)
             else:
                 gap = now - last
-                gap_rids.append(rid)
-                gaps.append(gap)
                 if gap > seq.max_itl:
                     seq.max_itl = gap
+                if len(times) == k:
+                    times.append(now)
+                run = seq.run
+                if run is not None and run[0] == idx and run[2] == k - 1:  # the next token step: the run goes on
+                    run[2] = k
+                else:  # its first gap, or a token step missed (preempted, not scheduled): a run from this gap
+                    if run is not None:
+                        self.itl.closed.append((rid, *run))
+                    seq.run = [idx, k, k, gap]
             seq.last_token = now
             if g >= seq.output_tokens:
                 seq.finished = True
@@ -297,8 +310,9 @@ class Replica:
                     self.on_done(seq)  # (its last token is out: the client has its response)
                 if not plan.hold_finished:
                     done.append(seq)
-        if gaps:
-            self.itl.extend(gap_rids, gaps)
+        if firsts and len(times) > k:  # first tokens in a token step: their runs start with it
+            for seq in firsts:
+                seq.run = [idx, k, k, math.nan]
         for seq in done:
             seq.is_running = False
             self.running.remove(seq)

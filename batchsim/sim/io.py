@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "write_set", "clean_orphans",
-           "MANIFEST"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "write_parquet", "write_table",
+           "TableFile", "write_set", "clean_orphans", "MANIFEST", "FORMATS"]
+
+FORMATS = ("csv", "parquet")
+_FLOAT_FORMAT = "%.9g"  # (CSV: a fixed float format, so identical runs give identical bytes)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -60,7 +65,147 @@ def _default(o: Any) -> Any:
 
 def write_csv(path: str | Path, df: pd.DataFrame) -> None:
     """CSV with a fixed float format, so identical runs give identical bytes."""
-    atomic_write_text(path, df.to_csv(index=False, float_format="%.9g", lineterminator="\n"))
+    atomic_write_text(path, df.to_csv(index=False, float_format=_FLOAT_FORMAT, lineterminator="\n"))
+
+
+def _arrow_table(chunk):
+    import pyarrow as pa
+
+    if isinstance(chunk, pd.DataFrame):
+        return pa.Table.from_pandas(chunk, preserve_index=False)
+    return pa.table(chunk)  # (numeric numpy columns: no copy)
+
+
+# NOTE: Parquet with zstd and no dictionary pages: dictionary encoding of float columns whose
+# values rarely repeat costs half the write time and saves little (27M step rows: 1.1 GB zstd
+# with dictionaries in 20 s, without in ~5 s at a similar size).
+_PARQUET = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
+
+
+def write_parquet(path: str | Path, df: pd.DataFrame) -> None:
+    """Parquet (pyarrow, zstd; nothing in the file depends on the time, so identical runs give
+    identical bytes), written atomically."""
+    t = TableFile(path, "parquet")
+    try:
+        t.write(df)
+    except BaseException:
+        t.discard()
+        raise
+    t.close()
+
+
+def write_table(path: str | Path, df: pd.DataFrame, fmt: str) -> None:
+    """``df`` as ``fmt`` (one of :data:`FORMATS`)."""
+    (write_parquet if fmt == "parquet" else write_csv)(path, df)
+
+
+class TableFile:
+    """A table written a chunk at a time (``write(frame or dict of columns)``), to a temporary
+    file beside ``path`` that :meth:`close` renames into place (:meth:`discard` removes it):
+    CSV as :func:`write_csv` writes it, or Parquet one row group per chunk. Parquet chunks are
+    encoded and written by a thread (pyarrow releases the GIL), so a run that streams its
+    records here overlaps the writing with the simulation; at most two chunks wait."""
+
+    def __init__(self, path: str | Path, fmt: str) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        self.path, self.fmt = Path(path), fmt
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        self._out = None
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.rows = 0
+
+    def write(self, chunk) -> None:
+        n = len(chunk) if isinstance(chunk, pd.DataFrame) else len(next(iter(chunk.values()), ()))
+        if self.fmt == "csv":
+            df = chunk if isinstance(chunk, pd.DataFrame) else pd.DataFrame(chunk)
+            if self._out is None:
+                self._out = open(self._tmp, "w", encoding="utf-8", newline="")
+                self._out.write(df.iloc[:0].to_csv(index=False, lineterminator="\n"))
+            if len(df):
+                self._out.write(df.to_csv(index=False, header=False, float_format=_FLOAT_FORMAT, lineterminator="\n"))
+        else:
+            table = _arrow_table(chunk)
+            if self._thread is None:
+                self._queue = queue.Queue(maxsize=2)
+                self._thread = threading.Thread(target=self._writer, args=(table.schema,), daemon=True,
+                                                name=f"batchsim-write-{self.path.name}")
+                self._thread.start()
+            self._put(table)
+        self.rows += n
+
+    def _put(self, item) -> None:
+        while True:
+            if self._error is not None:
+                raise self._error
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def _writer(self, schema) -> None:
+        import pyarrow.parquet as pq
+
+        try:
+            with pq.ParquetWriter(self._tmp, schema, **_PARQUET) as w:
+                while True:
+                    table = self._queue.get()
+                    if table is None:
+                        return
+                    w.write_table(table)
+        except BaseException as e:  # (handed to the writing thread at its next write or close)
+            self._error = e
+            while True:  # (drain, so a producer blocked on a full queue wakes)
+                try:
+                    if self._queue.get_nowait() is None:
+                        return
+                except queue.Empty:
+                    return
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            if self._error is None:
+                self._put(None)
+            self._thread.join()
+            self._thread = None
+            if self._error is not None:
+                raise self._error
+
+    def close(self, columns: pd.DataFrame | None = None) -> Path:
+        """Finish the file (``columns``: an empty frame that gives the columns when nothing was
+        written) and put it in place."""
+        if self._out is None and self._thread is None and columns is not None:
+            self.write(columns.iloc[:0])
+        self._join()
+        if self._out is not None:
+            self._out.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self._tmp, 0o666 & ~umask)
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        try:
+            if self._thread is not None:
+                while self._thread.is_alive():  # (let it finish the chunk it writes, then stop)
+                    try:
+                        self._queue.put(None, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                self._thread.join()
+                self._thread = None
+            if self._out is not None:
+                self._out.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
 
 
 # -- a run's outputs as one set ----------------------------------------------------------------

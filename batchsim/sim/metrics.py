@@ -17,14 +17,17 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
+from batchsim.sim.aggregate import StepTotals
+from batchsim.sim.itl import ItlRecords, weighted_summary
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
-__all__ = ["RunTotals", "summarize", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
+__all__ = ["RunTotals", "summarize", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
            "rejections_by_kind", "latency_keys", "thin_window"]
 
 PERCENTILES = (50, 90, 99)
@@ -96,6 +99,30 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:
     return out
 
 
+def weighted_stats(prefix: str, pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> dict[str, float | None]:
+    """:func:`_stats` of values (seconds) repeated ``counts`` times, from ``(values, counts)``
+    pieces (batchsim.sim.itl.weighted_summary: the percentiles equal np.percentile's exactly,
+    the mean and std the weighted sums), without repeating them."""
+    keys = ["median" if p == 50 else f"p{p}" for p in PERCENTILES]
+    ms = lambda: ((v * 1000.0, c) for v, c in pieces())  # noqa: E731
+    if not any(len(c) for _, c in pieces()):
+        return {f"mean_{prefix}_ms": None, f"std_{prefix}_ms": None, **{f"{k}_{prefix}_ms": None for k in keys}}
+    _, mean, std, pct = weighted_summary(ms, PERCENTILES)
+    out = {f"mean_{prefix}_ms": mean, f"std_{prefix}_ms": std}
+    for k, val in zip(keys, pct):
+        out[f"{k}_{prefix}_ms"] = float(val)
+    return out
+
+
+def measured_gaps(itl: ItlRecords, done: pd.DataFrame) -> ItlRecords:
+    """The inter-token gaps the ITL statistics are over: every gap of the completed requests in
+    the measured window (``done``)."""
+    rid = done["rid"].to_numpy(dtype=np.int64)
+    keep = np.zeros(int(rid.max()) + 1 if len(rid) else 0, dtype=bool)
+    keep[rid] = True
+    return itl.select(keep)
+
+
 def in_window(arrival: np.ndarray, warmup_s: float, cooldown_s: float) -> np.ndarray:
     """Which arrivals are measured: in ``[warmup_s, last arrival - cooldown_s]``."""
     if not len(arrival):
@@ -120,7 +147,7 @@ def _slo_ok(done: pd.DataFrame, slo: dict[str, float] | None) -> np.ndarray:
     return ok
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
+def summarize(requests: pd.DataFrame, steps: StepTotals, itl: ItlRecords,
               totals: RunTotals, policy: str, slo: dict[str, float] | None = None) -> dict:
     """The run's summary dict (summary.json), deterministic key order."""
     win = _window(requests, totals)
@@ -132,9 +159,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
     duration = max(end - start, 1e-12)
     out_tok = int(done["output_tokens"].sum())
     in_tok = int(done["prompt_tokens"].sum())
-    aggregate = not isinstance(itl, pd.DataFrame)  # an ItlAggregate (measure.records: aggregate)
-    gaps = (np.empty(0) if aggregate or not len(itl)
-            else itl[itl["rid"].isin(done["rid"])]["gap"].to_numpy())
+    gaps = measured_gaps(itl, done)
     s: dict = {
         "policy": policy,
         "num_requests": int(len(requests)),
@@ -150,12 +175,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: pd.DataFrame,
         "total_token_throughput": (in_tok + out_tok) / duration,
         "request_goodput": float(_slo_ok(done, slo).sum()) / duration,
     }
-    for name, vals in (("ttft", done["ttft"].to_numpy()), ("tpot", done["tpot"].to_numpy()),
-                       ("itl", gaps), ("e2el", done["e2el"].to_numpy())):
-        if name == "itl" and aggregate:
-            s.update(itl.stats(name, PERCENTILES))
-            continue
-        s.update(_stats(name, np.asarray(vals, dtype=float)))
+    s.update(_stats("ttft", done["ttft"].to_numpy(dtype=float)))
+    s.update(_stats("tpot", done["tpot"].to_numpy(dtype=float)))
+    s.update(weighted_stats("itl", gaps.pieces))
+    s.update(_stats("e2el", done["e2el"].to_numpy(dtype=float)))
     max_itl = float(done["max_itl"].max() * 1000.0) if len(done) else math.nan
     s["max_itl_ms"] = max_itl if math.isfinite(max_itl) else None
     s["preemptions"] = int(requests["preemptions"].sum()) if len(requests) else 0
@@ -197,28 +220,9 @@ def _warnings(s: dict, requests: pd.DataFrame, totals: RunTotals) -> list[str]:
     return out
 
 
-def step_sums(steps: pd.DataFrame) -> dict:
-    """The sums of the step records that utilization is made of (what
-    :meth:`batchsim.sim.aggregate.StepTotals.totals` keeps without the records)."""
-    n = len(steps)
-    return {
-        "busy": float((steps["end"] - steps["start"]).sum()) if n else 0.0,
-        "billed": float(steps[["prefill_tokens", "decode_tokens", "padding_tokens"]].to_numpy().sum()),
-        "useful": float(steps[["prefill_tokens", "decode_tokens"]].to_numpy().sum()),
-        "op_time": float(steps[["compute_s", "memory_s"]].to_numpy().sum()),
-        "useful_flops": float(steps["useful_flops"].sum()),
-        "bytes": float(steps["bytes"].sum()),
-        "compute_s": float(steps["compute_s"].sum()),
-        "mean_batch_size": float(steps["num_seqs"].mean()) if n else 0.0,
-        "steps": n,
-        "out_of_range": int(steps["out_of_range"].sum()) if n else 0,
-    }
-
-
-def _utilization(steps, totals: RunTotals) -> dict:
+def _utilization(steps: StepTotals, totals: RunTotals) -> dict:
     wall = max(totals.sim_end, 1e-12) * totals.replicas
-    # a StepTotals (measure.records: aggregate) keeps the same sums without the records
-    t = step_sums(steps) if isinstance(steps, pd.DataFrame) else steps.totals()
+    t = steps.totals()
     op_time, billed = t["op_time"], t["billed"]
     return {
         "busy_fraction": t["busy"] / wall,

@@ -1,12 +1,13 @@
-"""Flat records out of a run: one row per request, one per step, every ITL gap.
+"""Flat records out of a run: one row per request, one per step (gaps: batchsim.sim.itl).
 
-Records are the only thing ``batchsim/reports/`` and ``batchsim.sim.metrics`` read. Steps and
-inter-token gaps go into preallocated numpy columns that double when full,
-so a long run appends without allocating a Python object per row.
+Records are the only thing ``batchsim/reports/`` and ``batchsim.sim.metrics`` read. Steps go
+into preallocated numpy columns that double when full, so a long run appends without
+allocating a Python object per row.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import numpy as np
@@ -14,7 +15,7 @@ import pandas as pd
 
 from batchsim.sim.state import COMPLETED, Seq
 
-__all__ = ["Columns", "StepLog", "ItlLog", "STEP_FIELDS", "request_frame", "add_latencies"]
+__all__ = ["Columns", "StepLog", "StepStream", "FrameSteps", "STEP_FIELDS", "request_frame", "add_latencies"]
 
 # (name, dtype) of every per-step column, in steps.csv order.
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
@@ -149,11 +150,85 @@ class StepLog(Columns):
         super().__init__(STEP_FIELDS, capacity)
 
 
-class ItlLog(Columns):
-    """Every inter-token gap, tagged with its request id."""
+class FrameSteps:
+    """A :class:`StepStream` sink that keeps the steps in memory: :meth:`frame` at the end."""
 
-    def __init__(self, capacity: int = 4096) -> None:
-        super().__init__((("rid", "i8"), ("gap", "f8")), capacity)
+    def __init__(self) -> None:
+        self._chunks: list[dict[str, np.ndarray]] = []
+
+    def write(self, chunk: dict[str, np.ndarray]) -> None:
+        self._chunks.append(chunk)
+
+    def close(self) -> None:
+        pass
+
+    def frame(self) -> pd.DataFrame:
+        if not self._chunks:
+            return pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
+        return pd.DataFrame({f: np.concatenate([c[f] for c in self._chunks]) for f, _ in STEP_FIELDS})
+
+
+class StepStream:
+    """Where the engines write step records (``append`` one row, ``extend`` a block, as into a
+    :class:`StepLog`): every row goes to ``totals`` (the summary's sums,
+    batchsim.sim.aggregate.StepTotals) and, in the records' one canonical order (by end time,
+    then replica, each replica's rows in its own order), to ``sink`` (``write(chunk)``,
+    ``close()``), a chunk at a time, as rows become final: a row ending before the engine's
+    clock (``settle(now)``) can no longer be preceded by one still to come, since every later
+    step ends at or after ``now``. Memory holds at most about one chunk of rows, however long
+    the run."""
+
+    CHUNK = 1 << 18  # rows handed over at a time (at least)
+
+    def __init__(self, totals, sink=None) -> None:
+        self.totals, self.sink = totals, sink
+        self._buf = Columns(STEP_FIELDS, self.CHUNK + 4096) if sink is not None else None
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, *values) -> None:
+        self._count += 1
+        self.totals.append(*values)
+        buf = self._buf
+        if buf is not None:
+            buf.append(*values)
+            if len(buf) >= self.CHUNK:
+                self.settle(values[2])  # (the Python engine appends a step as it ends: at its clock)
+
+    def extend(self, *columns, count: int | None = None) -> None:
+        k = len(columns[0]) if count is None else count
+        self._count += k
+        self.totals.extend(*columns, count=count)
+        if self._buf is not None:
+            self._buf.extend(*columns, count=count)
+
+    def settle(self, now: float, force: bool = False) -> None:
+        """Hand the sink every row that ends before ``now``, in the canonical order, once at
+        least :data:`CHUNK` rows wait (or when ``force``)."""
+        buf = self._buf
+        if buf is None or not len(buf) or (len(buf) < self.CHUNK and not force):
+            return
+        cols = {f: buf.column(f) for f, _ in STEP_FIELDS}
+        end, rep = cols["end"], cols["replica"]
+        ready = end < now
+        if not ready.any():
+            return
+        keep = ~ready
+        rest = {f: a[keep].copy() for f, a in cols.items()}
+        idx = np.flatnonzero(ready)
+        order = idx[np.lexsort((rep[idx], end[idx]))]
+        self.sink.write({f: a[order] for f, a in cols.items()})
+        self._buf = Columns(STEP_FIELDS, self.CHUNK + 4096 + len(rest["end"]))
+        if len(rest["end"]):
+            self._buf.extend(*(rest[f] for f, _ in STEP_FIELDS))
+
+    def close(self) -> None:
+        """Hand over every row left and close the sink."""
+        if self._buf is not None:
+            self.settle(math.inf, force=True)
+            self.sink.close()
 
 
 REQUEST_COLUMNS = (

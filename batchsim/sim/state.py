@@ -23,7 +23,7 @@ class Seq:
         "num_tokens", "num_computed", "num_generated", "num_preemptions",
         "finished", "replica", "admitted", "first_token", "last_token",
         "completion", "max_itl", "status", "reason", "cached_tokens",
-        "prefix_hashes", "is_running", "order",
+        "prefix_hashes", "is_running", "order", "run",
     )
 
     def __init__(self, rid: int, arrival: float, prompt_tokens: int, output_tokens: int,
@@ -50,6 +50,7 @@ class Seq:
         self.prefix_hashes = prefix_hashes
         self.is_running = False
         self.order = -1  # admissions to running so far on its replica when it was (last) admitted
+        self.run: list | None = None  # its open run of tokens [replica, start, end, entry] (batchsim.sim.itl)
 
     @property
     def pending(self) -> int:

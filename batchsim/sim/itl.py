@@ -1,0 +1,255 @@
+"""Every inter-token gap of a run, without a record per gap.
+
+A decode step gives one token to every row it decodes, so a request that
+runs without a break gets its tokens in consecutive token steps of its
+replica (steps that emit tokens), and its gaps are the differences between
+those steps' delivery times. The engines record (``batchsim.sim.engine``
+``Replica._advance``; the compiled core's ``advance_and_record``):
+
+- per replica, the delivery time of each token step (``times[r][k]``, when
+  the client has the step's tokens: the step's end, or later through a
+  frontend);
+- per request, its *runs*: ``(rid, replica, start, end, entry)``, the
+  request's tokens at token steps ``start..end`` of its replica, one per
+  step, and ``entry`` the gap before the run's first token (NaN for the
+  request's first token). A run ends when the request misses a token step
+  of its replica (preempted, or not scheduled in a step that emitted).
+
+A request's gaps are then, run by run, ``entry`` (unless NaN) and
+``diff(times[replica][start:end + 1])``: exactly the floats ``now - last``
+the engine computed, so any selection of requests (the measured window,
+completed only), any cut (a frontend's stream after ``horizon_s``), the
+whole distribution and each request's gaps are recovered exactly from
+memory that grows with steps and requests, not with tokens.
+:func:`weighted_percentile` reads percentiles from (value, count) pairs and
+equals ``np.percentile`` over the repeated values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["TokenSteps", "ItlRecords", "weighted_percentile", "weighted_summary", "RUN_FIELDS"]
+
+RUN_FIELDS = ("rid", "replica", "start", "end", "entry")
+_PIECE = 1 << 22  # token steps per piece of gaps (ItlRecords.pieces)
+
+
+class TokenSteps:
+    """What one replica's engine writes: its token steps' delivery times and the runs it closed
+    (``(rid, replica, start, end, entry)``); open runs stay with their requests."""
+
+    __slots__ = ("times", "closed")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.closed: list[tuple] = []
+
+
+class ItlRecords:
+    """The token-step times and request runs of one run (see the module docstring)."""
+
+    __slots__ = ("times", "rid", "replica", "start", "end", "entry")
+
+    def __init__(self, times: Sequence[np.ndarray], rid, replica, start, end, entry) -> None:
+        self.times = [np.asarray(t, dtype=np.float64) for t in times]
+        rid = np.asarray(rid, dtype=np.int64)
+        start = np.asarray(start, dtype=np.int64)
+        order = np.lexsort((start, rid))  # (one canonical order: by request, then time)
+        self.rid, self.start = rid[order], start[order]
+        self.replica = np.asarray(replica, dtype=np.int64)[order]
+        self.end = np.asarray(end, dtype=np.int64)[order]
+        self.entry = np.asarray(entry, dtype=np.float64)[order]
+
+    @classmethod
+    def empty(cls, replicas: int = 1) -> "ItlRecords":
+        z = np.zeros(0, dtype=np.int64)
+        return cls([np.zeros(0)] * replicas, z, z, z, z, np.zeros(0))
+
+    @classmethod
+    def build(cls, times: Sequence[np.ndarray], closed: Sequence[Sequence], open_runs: Sequence[np.ndarray]) -> "ItlRecords":
+        """From the runs the engines closed (five columns, :data:`RUN_FIELDS`) and the runs still
+        open at the end, by rid (``replica`` -1 where a request has none; ``start, end, entry``)."""
+        rep, start, end, entry = (np.asarray(a) for a in open_runs)
+        live = np.flatnonzero(rep >= 0)
+        cols = [np.concatenate([np.asarray(c, dtype=dt), o]) for c, dt, o in zip(
+            closed, ("i8", "i8", "i8", "i8", "f8"), (live, rep[live], start[live], end[live], entry[live]))]
+        return cls(times, *cols)
+
+    def __len__(self) -> int:
+        """How many gaps."""
+        return int((self.end - self.start).sum() + (~np.isnan(self.entry)).sum())
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, ItlRecords):
+            return NotImplemented
+        return (len(self.times) == len(other.times)
+                and all(np.array_equal(a, b) for a, b in zip(self.times, other.times))
+                and all(np.array_equal(getattr(self, f), getattr(other, f), equal_nan=f == "entry")
+                        for f in RUN_FIELDS))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def select(self, keep: np.ndarray) -> "ItlRecords":
+        """The runs of the requests ``keep`` marks (a boolean mask by rid)."""
+        keep = np.asarray(keep, dtype=bool)
+        m = np.zeros(len(self.rid), dtype=bool)
+        inside = self.rid < len(keep)
+        m[inside] = keep[self.rid[inside]]
+        return ItlRecords(self.times, *(getattr(self, f)[m] for f in RUN_FIELDS))
+
+    def clip(self, horizon: float) -> tuple["ItlRecords", np.ndarray]:
+        """The gaps the clients have by ``horizon`` (tokens delivered after it dropped) and the rids
+        that lost some."""
+        cut = [int(np.searchsorted(t, horizon, "right")) for t in self.times]
+        kept = np.array(cut, dtype=np.int64)[self.replica] if len(self.rid) else np.zeros(0, dtype=np.int64)
+        lost = self.end >= kept
+        if not lost.any():
+            return self, np.zeros(0, dtype=np.int64)
+        live = self.start < kept
+        end = np.minimum(self.end, kept - 1)
+        out = ItlRecords([t[:c] for t, c in zip(self.times, cut)], self.rid[live], self.replica[live],
+                         self.start[live], end[live], self.entry[live])
+        return out, np.unique(self.rid[lost])
+
+    def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every gap as ``(values, counts)`` pieces (seconds; counts > 0), a bounded number of
+        token steps at a time: each step gap with how many runs cover it, then the runs' entry
+        gaps. Memory: one piece, however many gaps."""
+        for r, t in enumerate(self.times):
+            m = self.replica == r
+            if len(t) < 2 or not m.any():
+                continue
+            a = np.sort(self.start[m] + 1)  # (a run covers the step gaps start+1 .. end)
+            b = np.sort(self.end[m] + 1)
+            for lo in range(1, len(t), _PIECE):
+                hi = min(lo + _PIECE, len(t))
+                a0, a1 = np.searchsorted(a, (lo, hi))
+                b0, b1 = np.searchsorted(b, (lo, hi))
+                d = (np.bincount(a[a0:a1] - lo, minlength=hi - lo)
+                     - np.bincount(b[b0:b1] - lo, minlength=hi - lo))
+                w = np.cumsum(d) + (int(a0) - int(b0))
+                keep = np.flatnonzero(w > 0)
+                if len(keep):
+                    yield t[lo:hi][keep] - t[lo - 1:hi - 1][keep], w[keep]
+        e = self.entry[~np.isnan(self.entry)]
+        if len(e):
+            yield e, np.ones(len(e), dtype=np.int64)
+
+    def weighted(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every gap as ``(values, counts)``: :meth:`pieces` joined."""
+        got = list(self.pieces())
+        if not got:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        return np.concatenate([v for v, _ in got]), np.concatenate([c for _, c in got]).astype(np.int64)
+
+    def weighted_frame(self) -> pd.DataFrame:
+        """:meth:`weighted` as a frame (``gap``, ``count``): what reports read."""
+        v, c = self.weighted()
+        return pd.DataFrame({"gap": v, "count": c})
+
+    def frame(self) -> pd.DataFrame:
+        """One row per gap (``rid``, ``gap``): by request, each request's gaps in time order. Memory
+        grows with tokens: for tests and for per-request exports (``vllm bench --save-detailed``'s
+        ``itls``)."""
+        rids, gaps = [], []
+        for rid, rep, a, b, e in zip(self.rid.tolist(), self.replica.tolist(), self.start.tolist(),
+                                     self.end.tolist(), self.entry.tolist()):
+            g = np.diff(self.times[rep][a:b + 1])
+            if not math.isnan(e):
+                g = np.concatenate(([e], g))
+            rids.append(np.full(len(g), rid, dtype=np.int64))
+            gaps.append(g)
+        if not gaps:
+            return pd.DataFrame({"rid": np.zeros(0, dtype=np.int64), "gap": np.zeros(0)})
+        return pd.DataFrame({"rid": np.concatenate(rids), "gap": np.concatenate(gaps)})
+
+    def max_per_request(self, rids: np.ndarray) -> np.ndarray:
+        """Each of ``rids``' largest gap (0.0 where it has none)."""
+        rids = np.asarray(rids, dtype=np.int64)
+        out = np.zeros(len(rids))
+        if not len(rids):
+            return out
+        mask = np.zeros(int(max(rids.max(), self.rid.max(initial=-1))) + 1, dtype=bool)
+        mask[rids] = True
+        f = self.select(mask).frame()
+        if len(f):
+            top = f.groupby("rid")["gap"].max()
+            out = top.reindex(rids).fillna(0.0).to_numpy()
+        return out
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy's ``_lerp`` (np.percentile's 'linear' interpolation), on floats."""
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def _keys(v: np.ndarray) -> np.ndarray:
+    """A bucket per value, in value order for values >= 0: the float's leading bits (sign,
+    exponent, 8 of the mantissa's: buckets 0.4% wide)."""
+    return (v.view(np.uint64) >> np.uint64(44)).astype(np.int64)
+
+
+def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
+                     percentiles: Sequence[float]) -> tuple[int, float, float, list[float]]:
+    """``(n, mean, std, [percentile...])`` of the multiset the ``(values, counts)`` pieces make
+    (values >= 0; ``pieces()`` is called twice and must give the same pieces): the percentiles
+    equal ``np.percentile(np.repeat(values, counts), p)`` (its default 'linear' method) exactly;
+    mean and std are the weighted sums (numpy's ``mean``/``std`` within rounding). Two passes:
+    the count, sum and a histogram of buckets (:func:`_keys`), then the sum of squares and the
+    values of the buckets that hold the ranks the percentiles need, sorted."""
+    n, total, hist = 0, 0.0, np.zeros(0, dtype=np.int64)
+    for v, c in pieces():
+        if (v < 0).any():
+            raise ValueError("weighted_summary needs values >= 0")
+        n += int(c.sum())
+        total += float(np.dot(v, c))
+        h = np.bincount(_keys(v), weights=c).astype(np.int64)
+        if len(h) > len(hist):
+            hist = np.concatenate((hist, np.zeros(len(h) - len(hist), dtype=np.int64)))
+        hist[:len(h)] += h
+    if n == 0:
+        raise ValueError("no values")
+    mean = total / n
+    plans = []
+    for p in percentiles:
+        h = (n - 1) * (float(p) / 100)  # (numpy: q = p / 100; virtual index (n - 1) * q)
+        if h >= n - 1:
+            plans.append((n - 1, n - 1, 0.0))
+        else:
+            lo = math.floor(h)
+            plans.append((lo, lo + 1, h - lo))
+    ranks = sorted({r for lo, hi, _ in plans for r in (lo, hi)})
+    cum = np.cumsum(hist)
+    where = {r: int(np.searchsorted(cum, r, "right")) for r in ranks}
+    wanted = np.array(sorted(set(where.values())), dtype=np.int64)
+    sq = 0.0
+    found: dict[int, list] = {int(b): [] for b in wanted}
+    for v, c in pieces():
+        sq += float(np.dot(c, (v - mean) ** 2))
+        k = _keys(v)
+        sel = np.flatnonzero(np.isin(k, wanted))
+        for b in np.unique(k[sel]).tolist():
+            at = sel[k[sel] == b]
+            found[b].append((v[at], c[at]))
+    at_rank = {}
+    for r, b in where.items():
+        vals = np.concatenate([v for v, _ in found[b]])
+        cnts = np.concatenate([c for _, c in found[b]])
+        order = np.argsort(vals, kind="stable")
+        before = int(cum[b - 1]) if b else 0
+        at_rank[r] = float(vals[order][int(np.searchsorted(np.cumsum(cnts[order]), r - before, "right"))])
+    return n, mean, math.sqrt(sq / n), [_lerp(at_rank[lo], at_rank[hi], g) for lo, hi, g in plans]
+
+
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]) -> list[float]:
+    """``np.percentile(np.repeat(values, counts), p)`` for each p, exactly, without repeating the
+    values (:func:`weighted_summary`)."""
+    v = np.asarray(values, dtype=np.float64)
+    c = np.asarray(counts, dtype=np.int64)
+    return weighted_summary(lambda: [(v, c)], percentiles)[3]

@@ -1,0 +1,159 @@
+"""Inter-token gaps without a record per gap (batchsim.sim.itl).
+
+The engines keep each replica's token-step times and each request's runs of
+consecutive token steps. These tests check that representation against a
+gap-by-gap reference taken independently, as the engine computes each gap
+(``now - last token``), by watching every step: the same gaps per request,
+and ITL percentiles equal to np.percentile over every gap, exactly, on
+scenarios with preemption, separate prefill steps, several replicas, a
+horizon and a frontend; and the weighted percentiles equal np.percentile
+over the repeated values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, simulate
+from batchsim.reports.derive import measured_completed
+from batchsim.sim import itl as itl_mod
+from batchsim.sim.engine import Replica
+from batchsim.sim.itl import ItlRecords, weighted_percentile, weighted_summary
+from batchsim.sim.metrics import PERCENTILES
+from tests.engine_helpers import POLICIES, _scenario
+
+
+class _Watched(Replica):
+    """A replica that notes every gap as the engine makes it: before a step is applied, each
+    row's last token; after it, those whose generated count rose."""
+
+    gaps: list
+
+    def _advance(self, plan, sampled):
+        before = {rid: (self.seqs[rid].last_token, self.seqs[rid].num_generated) for rid in plan.num_tokens}
+        seqs = {rid: self.seqs[rid] for rid in plan.num_tokens}
+        super()._advance(plan, sampled)
+        for rid, (last, gen) in before.items():
+            s = seqs[rid]
+            if s.num_generated == gen + 1 and last is not None:
+                type(self).gaps.append((rid, s.last_token - last))
+
+
+CASES = {
+    "continuous": dict(policy=POLICIES["continuous"]),  # (separate prefill steps, preemption)
+    "chunked": dict(policy=POLICIES["chunked_prefill"]),
+    "static": dict(policy=POLICIES["static"]),
+    "dynamic-r3": dict(policy=POLICIES["dynamic"], replicas=3, router="least_outstanding"),
+    "continuous-horizon-window": dict(policy=POLICIES["continuous_mixed"], horizon_s=15.0,
+                                      measure={"warmup_s": 2.0, "cooldown_s": 3.0}),
+    "frontend-horizon": dict(policy=POLICIES["chunked_prefill"], horizon_s=12.0,
+                             overheads={"frontend": {"per_step_us": 3000.0, "per_output_token_us": 40.0,
+                                                     "per_request_us": 2000.0}}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def watched(request):
+    raw = _scenario(CASES[request.param]["policy"], **{k: v for k, v in CASES[request.param].items() if k != "policy"})
+    raw["engine"] = "python"
+    sc = scenario_from_dict(raw)
+    _Watched.gaps = []
+    result = simulate(sc, build_parts(sc), replica=_Watched)
+    return request.param, sc, result, list(_Watched.gaps)
+
+
+def test_each_request_has_the_gaps_the_engine_made(watched):
+    name, sc, result, gaps = watched
+    assert gaps, name
+    got = {rid: grp["gap"].tolist() for rid, grp in result.itl.frame().groupby("rid")}
+    ref: dict[int, list[float]] = {}
+    for rid, g in gaps:
+        ref.setdefault(rid, []).append(g)
+    if sc.horizon_s is not None and "frontend" in name:
+        horizon = sc.horizon_s  # (tokens delivered after it are not the clients')
+        first = result.requests.set_index("rid")["first_token"]
+        for rid in list(ref):
+            t0 = first.get(rid, np.nan)
+            if not np.isfinite(t0):  # (first token after the horizon: none of its gaps count)
+                ref[rid] = []
+                continue
+            ref[rid] = [g for g, at in zip(ref[rid], t0 + np.cumsum(ref[rid])) if not at > horizon]
+    ref = {rid: g for rid, g in ref.items() if g}
+    assert got == ref, name
+    assert len(result.itl) == sum(len(g) for g in ref.values())
+
+
+def test_itl_percentiles_equal_np_percentile_over_every_gap(watched):
+    name, sc, result, _ = watched
+    done = measured_completed(result.requests, sc.measure.warmup_s, sc.measure.cooldown_s)
+    frame = result.itl.frame()
+    every = frame[frame["rid"].isin(done["rid"])]["gap"].to_numpy() * 1000.0
+    assert len(every) > 100, name
+    s = result.summary
+    for p in PERCENTILES:
+        key = "median_itl_ms" if p == 50 else f"p{p}_itl_ms"
+        assert s[key] == float(np.percentile(every, p)), (name, key)
+    assert s["mean_itl_ms"] == pytest.approx(every.mean(), rel=1e-12)
+    assert s["std_itl_ms"] == pytest.approx(every.std(), rel=1e-9)
+    # the per-request maximum the engine kept is the records' maximum
+    top = frame.groupby("rid")["gap"].max()
+    req = result.requests.set_index("rid")
+    assert np.array_equal(req.loc[top.index, "max_itl"].to_numpy(), top.to_numpy()), name
+
+
+def test_records_grow_with_steps_and_requests_not_tokens(watched):
+    name, sc, result, _ = watched
+    steps = sum(len(t) for t in result.itl.times)
+    assert steps <= result.summary["num_steps"]
+    # a run per request, and one more per request a token step skips: a preempted one when it
+    # resumes, and (continuous's separate prefill steps) each running one when a preempted
+    # request's recompute emits a token without them
+    preempted = int(result.requests["preemptions"].sum())
+    assert len(result.itl.rid) <= len(result.requests) + 48 * preempted, name
+    assert len(result.itl) > 5 * len(result.itl.rid), name  # (many gaps per run)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_weighted_percentiles_equal_np_percentile_over_repeated_values(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    v = rng.lognormal(-4, 1.5, n)
+    v[: n // 4] = v[0]  # ties
+    if seed == 0:
+        v[:] = 0.0
+    c = rng.integers(1, 5, n)
+    rep = np.repeat(v, c)
+    ps = [0, 0.1, 1, 25, 50, 90, 99, 99.9, 100]
+    assert weighted_percentile(v, c, ps) == [float(np.percentile(rep, p)) for p in ps]
+    # in pieces, in any split
+    cut = sorted(rng.integers(0, n, 3).tolist())
+    pieces = [(v[a:b], c[a:b]) for a, b in zip([0, *cut], [*cut, n])]
+    got = weighted_summary(lambda: iter(pieces), ps)
+    assert got[0] == len(rep) and got[3] == [float(np.percentile(rep, p)) for p in ps]
+    assert got[1] == pytest.approx(rep.mean(), rel=1e-12, abs=1e-300)
+
+
+def test_weighted_percentiles_of_many_values_select_by_bucket(monkeypatch):
+    monkeypatch.setattr(itl_mod, "_PIECE", 1000)
+    rng = np.random.default_rng(7)
+    t = np.cumsum(rng.lognormal(-4, 0.3, 200_000))
+    # three requests: one run over most steps, one with a break, one short
+    rec = ItlRecords([t], [0, 1, 1, 2], [0, 0, 0, 0], [0, 10, 5000, 150_000], [180_000, 4000, 199_999, 150_010],
+                     [np.nan, np.nan, 0.5, np.nan])
+    every = rec.frame()["gap"].to_numpy()
+    v, c = rec.weighted()
+    assert c.sum() == len(every) == len(rec)
+    ps = [50, 90, 99, 99.9]
+    assert weighted_percentile(v, c, ps) == [float(np.percentile(every, p)) for p in ps]
+    assert weighted_summary(rec.pieces, ps)[3] == [float(np.percentile(every, p)) for p in ps]
+
+
+def test_clip_drops_tokens_after_the_horizon():
+    t = np.array([1.0, 2.0, 3.5, 5.0, 7.0])
+    rec = ItlRecords([t], [0, 1], [0, 0], [0, 3], [4, 4], [np.nan, 1.25])
+    clipped, lost = rec.clip(4.0)
+    assert lost.tolist() == [0, 1]
+    assert clipped.frame().groupby("rid")["gap"].apply(list).to_dict() == {0: [1.0, 1.5]}
+    assert rec.clip(10.0)[0] is rec
