@@ -7,6 +7,7 @@ Each command parses its options and calls one library function. Bad input
 
 from __future__ import annotations
 
+import math
 import json
 import shlex
 import sys
@@ -82,15 +83,21 @@ def run(
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,
     fmt: Annotated[str, typer.Option("--format", help="records format: csv, parquet, or auto (CSV up to 100,000 requests, Parquet above)")] = "auto",
+    steps: Annotated[str, typer.Option("--steps", help="step records: rows (one per step), timeline (one per replica per --timeline-s), none, or auto (rows up to 100,000 requests, a timeline above)")] = "auto",
+    timeline_s: Annotated[Optional[float], typer.Option("--timeline-s", help="seconds per timeline row (--steps timeline; default: the shortest of 1, 2, 5, 10, ... s that covers the arrivals in 10,000 rows)")] = None,
 ) -> None:
     """Run one simulation: print a summary, write summary.json, requests and steps (CSV or Parquet)."""
     from batchsim import policies
-    from batchsim.app.runner import run_to_folder
+    from batchsim.app.runner import STEP_MODES, run_to_folder
     from batchsim.app.summary_table import summary_table
     from batchsim.sim.io import FORMATS
 
     if fmt not in ("auto", *FORMATS):
         raise InputError(f"got {fmt!r}; expected auto, {', '.join(FORMATS)}", "--format")
+    if steps not in ("auto", *STEP_MODES):
+        raise InputError(f"got {steps!r}; expected auto, {', '.join(STEP_MODES)}", "--steps")
+    if timeline_s is not None and not (timeline_s > 0 and math.isfinite(timeline_s)):
+        raise InputError(f"got {timeline_s!r}; expected a positive number of seconds", "--timeline-s")
     sc, base = _load(scenario, policy, set_)
     if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
         raise InputError(f"{out} is a file; expected a folder for the records", "--out")
@@ -99,7 +106,7 @@ def run(
                           *[a for s in (set_ or []) for a in ("--set", s)]])
     name = _naming_file(scenario, policies.create_policy, sc.policy).name
     dest = out or Path("runs") / f"{sc.name}-{name}"
-    result, written = _naming_file(scenario, run_to_folder, sc, dest, base, fmt, command)
+    result, written = _naming_file(scenario, run_to_folder, sc, dest, base, fmt, command, steps, timeline_s)
     if as_json:
         typer.echo(json.dumps(result.summary, indent=2))
     else:
@@ -107,7 +114,10 @@ def run(
         console.print(summary_table([result.summary], title=f"{sc.name}: {result.meta['model']} on "
                                     f"{result.meta['hardware']} x{sc.replicas}"))
         files = ", ".join(f for f in written["files"] if f != "summary.json")
-        console.print(f"records written to {dest}/ ({files}; {written['why']})")
+        kind = {"timeline": f"steps: a timeline per {written.get('timeline_s') or 0:g} s", "rows": "steps: a row per step",
+                "none": "no step records"}[written["steps"]]
+        console.print(f"records written to {dest}/ ({files}; {kind})"
+                      + (f"\n  chosen: {written['why']}" if written["why"] else ""))
 
 
 # Bounds that keep a step's arithmetic in int64 and its rows in memory

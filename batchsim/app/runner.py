@@ -38,14 +38,14 @@ from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import ItlRecords, TokenSteps
 from batchsim.sim.frontend import engine_arrivals
-from batchsim.sim.records import STEP_FIELDS, FrameSteps, StepStream, add_latencies, request_frame
+from batchsim.sim.records import STEP_FIELDS, FrameSteps, StepStream, TimelineSteps, add_latencies, request_frame
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
 from batchsim.sim.types import Workload
 from batchsim.workloads import build_workload
 
 __all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "run_to_folder", "simulate", "write_outputs",
-           "choose_format", "AUTO_PARQUET_REQUESTS"]
+           "choose_outputs", "AUTO_LARGE_REQUESTS", "STEP_MODES"]
 
 
 @dataclass
@@ -454,18 +454,41 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
     return simulate(scenario, build_parts(scenario, base_dir))
 
 
-AUTO_PARQUET_REQUESTS = 100_000
-"""``--format auto``: CSV for runs of at most this many requests, Parquet above (a million request
-rows take ~10 s as CSV, well under a second as Parquet)."""
+AUTO_LARGE_REQUESTS = 100_000
+"""``--format auto`` and ``--steps auto``: a run of more requests writes Parquet (a million request
+rows take ~10 s as CSV, well under a second as Parquet) and a step timeline instead of a row per
+step (a million requests through static batching make 240M steps: 5.4 GB of Parquet)."""
+STEP_MODES = ("rows", "timeline", "none")
+TIMELINE_BINS = 10_000
+"""``--timeline-s auto``: the shortest of :data:`TIMELINE_STEPS_S` that covers the arrivals in at
+most this many bins per replica."""
+TIMELINE_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 
-def choose_format(fmt: str, requests: int) -> tuple[str, str]:
-    """The records' format for ``--format fmt`` and a run of ``requests`` requests, and why."""
-    if fmt != "auto":
-        return fmt, f"--format {fmt}"
-    if requests > AUTO_PARQUET_REQUESTS:
-        return "parquet", f"--format auto: {requests:,} requests > {AUTO_PARQUET_REQUESTS:,}; --format csv for CSV"
-    return "csv", f"--format auto: {requests:,} requests <= {AUTO_PARQUET_REQUESTS:,}; --format parquet for Parquet"
+def timeline_bin(workload: Workload) -> float:
+    """The ``--timeline-s auto`` bin for this workload (1 s for a closed loop: its arrivals are made
+    as it runs)."""
+    arrival = workload.arrival
+    span = float(np.max(arrival, where=np.isfinite(arrival), initial=0.0)) if workload.closed is None else 0.0
+    for b in TIMELINE_STEPS_S:
+        if span / b <= TIMELINE_BINS:
+            return float(b)
+    return float(TIMELINE_STEPS_S[-1])
+
+
+def choose_outputs(fmt: str, steps: str, requests: int) -> tuple[str, str, str]:
+    """``(format, steps, why)``: the records' format and step records for ``--format fmt``,
+    ``--steps steps`` and a run of ``requests`` requests, and why, in words."""
+    large = requests > AUTO_LARGE_REQUESTS
+    why = []
+    if fmt == "auto":
+        fmt = "parquet" if large else "csv"
+        why.append(f"{fmt} (--format auto: {requests:,} requests {'>' if large else '<='} {AUTO_LARGE_REQUESTS:,})")
+    if steps == "auto":
+        steps = "timeline" if large else "rows"
+        why.append(("steps as a timeline" if large else "a row per step")
+                   + f" (--steps auto: {requests:,} requests {'>' if large else '<='} {AUTO_LARGE_REQUESTS:,})")
+    return fmt, steps, "; ".join(why)
 
 
 class _StepFile(TableFile):
@@ -476,23 +499,39 @@ class _StepFile(TableFile):
 
 
 def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None = None, fmt: str = "auto",
-                  command: str | None = None) -> tuple[RunResult, dict]:
+                  command: str | None = None, steps: str = "auto", timeline_s: float | None = None) -> tuple[RunResult, dict]:
     """``batchsim run``: build, simulate and write the outputs (:func:`write_outputs`) with the step
-    records streamed to their file as the run goes, so memory does not grow with steps. Returns
-    the result (without step rows) and what was written (``format``, ``why``, ``files``)."""
+    records streamed to their file as the run goes, so memory does not grow with steps:
+    ``steps`` ``rows`` (one per step), ``timeline`` (one per replica per ``timeline_s`` seconds,
+    batchsim.sim.records.TimelineSteps; None: :func:`timeline_bin`), ``none``, or ``auto``
+    (:func:`choose_outputs`).
+    ``measure.step_records: false`` or ``records: aggregate`` write none. Returns the result
+    (without step rows) and what was written (``format``, ``steps``, ``why``, ``files``)."""
     parts = build_parts(scenario, base_dir)
-    fmt, why = choose_format(fmt, len(parts.workload))
+    fmt, steps, why = choose_outputs(fmt, steps, len(parts.workload))
+    if not (scenario.measure.step_records and scenario.measure.records == "full"):
+        steps = "none"
+    if steps == "timeline" and timeline_s is None:
+        timeline_s = timeline_bin(parts.workload)
+        why += f"{'; ' if why else ''}a timeline row per {timeline_s:g} s (--timeline-s auto: at most " \
+               f"{TIMELINE_BINS:,} over the arrivals)"
     out = Path(out_dir).absolute()
-    steps_file = None
-    if scenario.measure.step_records and scenario.measure.records == "full":
+    sink = steps_file = None
+    if steps != "none":
         # (beside the output folder, named as write_set's temporary files are, so a killed run's is
         # removed by the next write to the same place: batchsim.sim.io.clean_orphans)
-        steps_file = _StepFile(out.parent / f".{out.name}.tmp-{os.getpid()}-steps.{fmt}", fmt)
+        where = out.parent / f".{out.name}.tmp-{os.getpid()}-steps.{fmt}"
+        if steps == "timeline":
+            steps_file = TableFile(where, fmt)
+            sink = TimelineSteps(steps_file, timeline_s)
+        else:
+            sink = steps_file = _StepFile(where, fmt)
     try:
-        result = simulate(scenario, parts, step_sink=steps_file)
+        result = simulate(scenario, parts, step_sink=sink)
         if command is not None:
             result.summary["provenance"]["command"] = command
-        written = write_outputs(result, out, fmt, steps_path=steps_file.path if steps_file else None, why=why)
+        written = write_outputs(result, out, fmt, steps_path=steps_file.path if steps_file else None, why=why,
+                                steps=steps, timeline_s=timeline_s)
     except BaseException:
         if steps_file is not None:
             steps_file.discard()
@@ -502,11 +541,12 @@ def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None
 
 
 def write_outputs(result: RunResult, out_dir: str | Path, fmt: str = "csv", steps_path: Path | None = None,
-                  why: str | None = None) -> dict:
+                  why: str | None = None, steps: str = "rows", timeline_s: float | None = None) -> dict:
     """Write summary.json, requests.<fmt> and steps.<fmt> (``fmt``: csv or parquet) as one set
     (batchsim.sim.io.write_set: never a mix of an old run's files and this one's; manifest.json
-    says what the set holds, and in which format why). ``steps_path``: the step records already
-    written (:func:`run_to_folder`), moved into the set. Returns ``{"format", "why", "files"}``."""
+    says what the set holds, in which format and why). ``steps_path``: the step records already
+    written (:func:`run_to_folder`; ``steps`` says which: rows or a timeline), moved into the set.
+    Returns ``{"format", "steps", "why", "files"}``."""
     writers = {"summary.json": lambda p: write_json(p, result.summary),
                f"requests.{fmt}": lambda p: write_table(p, result.requests, fmt)}
     if steps_path is not None:
@@ -515,6 +555,9 @@ def write_outputs(result: RunResult, out_dir: str | Path, fmt: str = "csv", step
         writers[f"steps.{fmt}"] = lambda p: write_table(p, result.steps, fmt)
     prov = result.summary.get("provenance") or {}
     about = {"written_by": f"batchsim {__version__}", "scenario": result.scenario.name,
-             "scenario_hash": prov.get("scenario_hash"), "format": fmt, **({"format_why": why} if why else {})}
+             "scenario_hash": prov.get("scenario_hash"), "format": fmt,
+             "steps": steps if any(n.startswith("steps.") for n in writers) else "none",
+             **({"timeline_s": timeline_s} if steps == "timeline" else {}), **({"why": why} if why else {})}
     write_set(out_dir, writers, about)
-    return {"format": fmt, "why": why, "files": list(writers)}
+    return {"format": fmt, "steps": about["steps"], "timeline_s": about.get("timeline_s"), "why": why,
+            "files": list(writers)}

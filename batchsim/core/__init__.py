@@ -49,7 +49,7 @@ import pandas as pd
 from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, request_frame
-from batchsim.sim.itl import ItlRecords
+from batchsim.sim.itl import ItlRecords, Times
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
 __all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error", "library_path", "packaged_libraries"]
@@ -563,7 +563,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         lib.core_free(st)
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
-    itl = ItlRecords.build([np.concatenate(t) if t else np.zeros(0) for t in times],
+    itl = ItlRecords.build([Times(t) for t in times],
                            [np.concatenate(c) if c else np.zeros(0) for c in closed],
                            (req_i[7, :delivered], req_i[8, :delivered], req_i[9, :delivered], req_f[5, :delivered]))
     return CoreRun(requests=requests, itl=itl, now=float(info[0]),

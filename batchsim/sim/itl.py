@@ -33,10 +33,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["TokenSteps", "ItlRecords", "weighted_percentile", "weighted_summary", "RUN_FIELDS"]
+__all__ = ["EmptyError", "TokenSteps", "Times", "ItlRecords", "weighted_percentile", "weighted_summary", "RUN_FIELDS"]
 
 RUN_FIELDS = ("rid", "replica", "start", "end", "entry")
 _PIECE = 1 << 22  # token steps per piece of gaps (ItlRecords.pieces)
+
+
+class EmptyError(ValueError):
+    """A statistic of no values (:func:`weighted_summary`)."""
 
 
 class TokenSteps:
@@ -50,13 +54,46 @@ class TokenSteps:
         self.closed: list[tuple] = []
 
 
+class Times:
+    """One replica's token-step times, kept in the chunks they were made in (no copy into one
+    array: a million-request static run has 240M of them). Sliced like an array."""
+
+    __slots__ = ("_chunks", "_ends")
+
+    def __init__(self, chunks: Sequence[np.ndarray]) -> None:
+        self._chunks = [np.asarray(c, dtype=np.float64) for c in chunks if len(c)]
+        self._ends = np.cumsum([len(c) for c in self._chunks], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        a, b, step = key.indices(len(self))
+        if step != 1:  # pragma: no cover - not used
+            raise ValueError("Times slices take step 1")
+        if b <= a:
+            return np.zeros(0)
+        i = int(np.searchsorted(self._ends, a, "right"))
+        j = int(np.searchsorted(self._ends, b - 1, "right"))
+        starts = self._ends - [len(c) for c in self._chunks]
+        parts = [self._chunks[k][max(a - starts[k], 0):b - starts[k]] for k in range(i, j + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def count_at_most(self, x: float) -> int:
+        """How many times are <= x (they never decrease)."""
+        return sum(int(np.searchsorted(c, x, "right")) for c in self._chunks)
+
+    def head(self, n: int) -> "Times":
+        return Times([self[0:n]]) if n < len(self) else self
+
+
 class ItlRecords:
     """The token-step times and request runs of one run (see the module docstring)."""
 
     __slots__ = ("times", "rid", "replica", "start", "end", "entry")
 
-    def __init__(self, times: Sequence[np.ndarray], rid, replica, start, end, entry) -> None:
-        self.times = [np.asarray(t, dtype=np.float64) for t in times]
+    def __init__(self, times: Sequence, rid, replica, start, end, entry) -> None:
+        self.times = [t if isinstance(t, Times) else Times([t]) for t in times]
         rid = np.asarray(rid, dtype=np.int64)
         start = np.asarray(start, dtype=np.int64)
         order = np.lexsort((start, rid))  # (one canonical order: by request, then time)
@@ -88,7 +125,7 @@ class ItlRecords:
         if not isinstance(other, ItlRecords):
             return NotImplemented
         return (len(self.times) == len(other.times)
-                and all(np.array_equal(a, b) for a, b in zip(self.times, other.times))
+                and all(np.array_equal(a[:], b[:]) for a, b in zip(self.times, other.times))
                 and all(np.array_equal(getattr(self, f), getattr(other, f), equal_nan=f == "entry")
                         for f in RUN_FIELDS))
 
@@ -105,14 +142,14 @@ class ItlRecords:
     def clip(self, horizon: float) -> tuple["ItlRecords", np.ndarray]:
         """The gaps the clients have by ``horizon`` (tokens delivered after it dropped) and the rids
         that lost some."""
-        cut = [int(np.searchsorted(t, horizon, "right")) for t in self.times]
+        cut = [t.count_at_most(horizon) for t in self.times]
         kept = np.array(cut, dtype=np.int64)[self.replica] if len(self.rid) else np.zeros(0, dtype=np.int64)
         lost = self.end >= kept
         if not lost.any():
             return self, np.zeros(0, dtype=np.int64)
         live = self.start < kept
         end = np.minimum(self.end, kept - 1)
-        out = ItlRecords([t[:c] for t, c in zip(self.times, cut)], self.rid[live], self.replica[live],
+        out = ItlRecords([t.head(c) for t, c in zip(self.times, cut)], self.rid[live], self.replica[live],
                          self.start[live], end[live], self.entry[live])
         return out, np.unique(self.rid[lost])
 
@@ -135,7 +172,8 @@ class ItlRecords:
                 w = np.cumsum(d) + (int(a0) - int(b0))
                 keep = np.flatnonzero(w > 0)
                 if len(keep):
-                    yield t[lo:hi][keep] - t[lo - 1:hi - 1][keep], w[keep]
+                    span = t[lo - 1:hi]
+                    yield span[1:][keep] - span[:-1][keep], w[keep]
         e = self.entry[~np.isnan(self.entry)]
         if len(e):
             yield e, np.ones(len(e), dtype=np.int64)
@@ -214,7 +252,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
             hist = np.concatenate((hist, np.zeros(len(h) - len(hist), dtype=np.int64)))
         hist[:len(h)] += h
     if n == 0:
-        raise ValueError("no values")
+        raise EmptyError("no values")
     mean = total / n
     plans = []
     for p in percentiles:

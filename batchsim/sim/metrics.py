@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from batchsim.sim.aggregate import StepTotals
-from batchsim.sim.itl import ItlRecords, weighted_summary
+from batchsim.sim.itl import EmptyError, ItlRecords, weighted_summary
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
@@ -105,9 +105,10 @@ def weighted_stats(prefix: str, pieces: Callable[[], Iterable[tuple[np.ndarray, 
     the mean and std the weighted sums), without repeating them."""
     keys = ["median" if p == 50 else f"p{p}" for p in PERCENTILES]
     ms = lambda: ((v * 1000.0, c) for v, c in pieces())  # noqa: E731
-    if not any(len(c) for _, c in pieces()):
+    try:
+        _, mean, std, pct = weighted_summary(ms, PERCENTILES)
+    except EmptyError:
         return {f"mean_{prefix}_ms": None, f"std_{prefix}_ms": None, **{f"{k}_{prefix}_ms": None for k in keys}}
-    _, mean, std, pct = weighted_summary(ms, PERCENTILES)
     out = {f"mean_{prefix}_ms": mean, f"std_{prefix}_ms": std}
     for k, val in zip(keys, pct):
         out[f"{k}_{prefix}_ms"] = float(val)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from batchsim.sim.state import COMPLETED, Seq
 
-__all__ = ["Columns", "StepLog", "StepStream", "FrameSteps", "STEP_FIELDS", "request_frame", "add_latencies"]
+__all__ = ["Columns", "StepLog", "StepStream", "FrameSteps", "TimelineSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "request_frame", "add_latencies"]
 
 # (name, dtype) of every per-step column, in steps.csv order.
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
@@ -168,6 +168,84 @@ class FrameSteps:
         return pd.DataFrame({f: np.concatenate([c[f] for c in self._chunks]) for f, _ in STEP_FIELDS})
 
 
+# (name, dtype, how) of every timeline column after replica and t: how a bin's steps combine
+TIMELINE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("steps", "i8", "count"), ("busy_s", "f8", "busy"),
+    ("num_seqs", "i8", "sum"), ("num_rows", "i8", "sum"), ("prefill_tokens", "i8", "sum"),
+    ("decode_tokens", "i8", "sum"), ("padding_tokens", "i8", "sum"), ("flops", "f8", "sum"),
+    ("useful_flops", "f8", "sum"), ("bytes", "f8", "sum"), ("compute_s", "f8", "sum"), ("memory_s", "f8", "sum"),
+    ("network_s", "f8", "sum"), ("overhead_s", "f8", "sum"), ("out_of_range", "i8", "sum"),
+    ("kv_used_blocks", "i8", "max"), ("waiting", "i8", "max"), ("running", "i8", "max"), ("preempted", "i8", "sum"),
+)
+
+
+class TimelineSteps:
+    """A :class:`StepStream` sink that writes a timeline instead of a row per step: one row per
+    replica per ``bin_s`` seconds in which it ended a step (``t``, the bin's start), each step
+    counted in the bin where it ends, as a counter read at the bin's edge would count it:
+    ``steps``, ``busy_s`` (their durations), sums of the step columns, and the largest
+    ``kv_used_blocks``, ``waiting`` and ``running`` seen. ``num_seqs / steps`` is the bin's
+    mean batch size. Rows go to ``inner`` (``write(chunk)``, ``close(columns)``) in (t, replica)
+    order; memory holds one chunk."""
+
+    def __init__(self, inner, bin_s: float) -> None:
+        if not (bin_s > 0 and math.isfinite(bin_s)):
+            raise ValueError(f"bin_s must be a positive number of seconds, got {bin_s!r}")
+        self.inner, self.bin_s = inner, float(bin_s)
+        self._held: dict[str, np.ndarray] | None = None
+
+    @staticmethod
+    def columns() -> pd.DataFrame:
+        """The timeline's columns, empty."""
+        cols = {"replica": np.empty(0, dtype="i4"), "t": np.empty(0)}
+        return pd.DataFrame({**cols, **{f: np.empty(0, dtype=dt) for f, dt, _ in TIMELINE_FIELDS}})
+
+    def write(self, chunk: dict[str, np.ndarray]) -> None:
+        if not len(chunk["end"]):
+            return
+        b = np.floor(chunk["end"] / self.bin_s).astype(np.int64)  # (rows come by end time: b never falls)
+        held = self._held
+        if held is not None:  # (the bin the last chunk ended in may go on in this one)
+            hb = int(np.floor(held["end"][0] / self.bin_s))
+            k = int(np.searchsorted(b, hb, "right"))
+            joined = {f: np.concatenate((held[f], chunk[f][:k])) for f in chunk}
+            self._held = None
+            if k == len(b):
+                self._held = joined
+                return
+            self._emit(joined, np.full(len(joined["end"]), hb, dtype=np.int64))
+            chunk, b = {f: a[k:] for f, a in chunk.items()}, b[k:]
+        split = int(np.searchsorted(b, b[-1], "left"))  # (the last bin waits for the next chunk)
+        self._held = {f: a[split:].copy() for f, a in chunk.items()}
+        if split:
+            self._emit({f: a[:split] for f, a in chunk.items()}, b[:split])
+
+    def _emit(self, rows: dict[str, np.ndarray], b: np.ndarray) -> None:
+        rep = rows["replica"].astype(np.int64)
+        order = np.lexsort((rep, b))
+        b, rep = b[order], rep[order]
+        new = np.ones(len(b), dtype=bool)
+        new[1:] = (b[1:] != b[:-1]) | (rep[1:] != rep[:-1])
+        at = np.flatnonzero(new)
+        out = {"replica": rep[at].astype(np.int32), "t": b[at] * self.bin_s}
+        for name, dt, how in TIMELINE_FIELDS:
+            if how == "count":
+                out[name] = np.diff(np.append(at, len(b))).astype(dt)
+            elif how == "busy":
+                out[name] = np.add.reduceat((rows["end"] - rows["start"])[order], at)
+            elif how == "max":
+                out[name] = np.maximum.reduceat(rows[name][order], at).astype(dt)
+            else:
+                out[name] = np.add.reduceat(rows[name][order], at).astype(dt)
+        self.inner.write(out)
+
+    def close(self) -> None:
+        if self._held is not None and len(self._held["end"]):
+            self._emit(self._held, np.floor(self._held["end"] / self.bin_s).astype(np.int64))
+        self._held = None
+        self.inner.close(self.columns())
+
+
 class StepStream:
     """Where the engines write step records (``append`` one row, ``extend`` a block, as into a
     :class:`StepLog`): every row goes to ``totals`` (the summary's sums,
@@ -215,8 +293,8 @@ class StepStream:
         ready = end < now
         if not ready.any():
             return
-        keep = ~ready
-        rest = {f: a[keep].copy() for f, a in cols.items()}
+        left = np.flatnonzero(~ready)
+        rest = {f: a[left] for f, a in cols.items()}
         idx = np.flatnonzero(ready)
         order = idx[np.lexsort((rep[idx], end[idx]))]
         self.sink.write({f: a[order] for f, a in cols.items()})

@@ -1,0 +1,185 @@
+"""batchsim run's record files: CSV or Parquet, step rows or a timeline, streamed, as one set.
+
+The step records are written as the run makes them (batchsim.sim.records.StepStream), in
+Parquet or CSV; a timeline (TimelineSteps) sums them per replica per bin. Above
+AUTO_LARGE_REQUESTS requests the defaults are Parquet and a timeline, and the run says so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchsim.app import runner
+from batchsim.app.config import scenario_from_dict
+from batchsim.sim.records import TIMELINE_FIELDS
+
+SCENARIO = """\
+name: out
+model: llama-3-8b
+hardware: h100-sxm
+replicas: 2
+router: least_outstanding
+policy: {name: chunked_prefill, max_num_batched_tokens: 512}
+seed: 2
+workload:
+  num_requests: 300
+  arrival: {process: poisson, rate: 12}
+  prompt_tokens: {dist: lognormal, median: 400, p90: 1500, max: 3000}
+  output_tokens: {dist: lognormal, median: 120, p90: 400, max: 800}
+"""
+
+
+def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    from batchsim.app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["batchsim", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def scenario_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("sc") / "out.yaml"
+    p.write_text(SCENARIO)
+    return p
+
+
+@pytest.fixture(scope="module")
+def csv_rows(scenario_file, tmp_path_factory):
+    """The run with CSV step rows (the small-run default)."""
+    out = tmp_path_factory.mktemp("csv") / "o"
+    sc = scenario_from_dict(__import__("yaml").safe_load(SCENARIO))
+    result, written = runner.run_to_folder(sc, out)
+    assert written["format"] == "csv" and written["steps"] == "rows"
+    return out, result
+
+
+def test_parquet_holds_what_csv_holds(csv_rows, scenario_file, tmp_path, capsys, monkeypatch):
+    out_csv, _ = csv_rows
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "p"),
+                          "--format", "parquet")
+    assert code == 0, err
+    assert "requests.parquet, steps.parquet; steps: a row per step" in text
+    for name in ("requests", "steps"):
+        a = pd.read_csv(out_csv / f"{name}.csv", keep_default_na=False, na_values=[""])
+        b = pd.read_parquet(tmp_path / "p" / f"{name}.parquet")
+        assert list(a.columns) == list(b.columns) and len(a) == len(b) > 100
+        for c in a.columns:
+            x, y = a[c].to_numpy(), b[c].to_numpy()
+            if b[c].dtype.kind == "f":  # (CSV holds 9 significant digits)
+                assert np.allclose(x.astype(float), y, rtol=1e-8, equal_nan=True), (name, c)
+            else:  # (an empty CSV field reads back as NaN)
+                assert [("" if v != v else str(v)) for v in x] == [str(v) for v in y], (name, c)
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["format"] == "parquet" and manifest["steps"] == "rows"
+    assert set(manifest["files"]) == {"summary.json", "requests.parquet", "steps.parquet"}
+
+
+def test_parquet_files_are_byte_identical_across_runs(scenario_file, tmp_path, capsys, monkeypatch):
+    for d in ("a", "b"):
+        assert cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / d), "--format", "parquet")[0] == 0
+    for name in ("requests.parquet", "steps.parquet", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_timeline_sums_the_step_rows_per_replica_per_bin(csv_rows, scenario_file, tmp_path, capsys, monkeypatch):
+    out_csv, _ = csv_rows
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "t"),
+                          "--steps", "timeline", "--timeline-s", "2.5")
+    assert code == 0, err
+    assert "steps: a timeline per 2.5 s" in text
+    tl = pd.read_csv(tmp_path / "t" / "steps.csv")
+    rows = pd.read_csv(out_csv / "steps.csv")
+    rows["t"] = np.floor(rows["end"] / 2.5) * 2.5
+    rows["busy_s"] = rows["end"] - rows["start"]
+    g = rows.groupby(["t", "replica"], sort=True)
+    want = g.size().rename("steps").to_frame()
+    for name, _, how in TIMELINE_FIELDS:
+        if how in ("sum", "busy"):
+            want[name] = g[name].sum()
+        elif how == "max":
+            want[name] = g[name].max()
+    want = want.reset_index()
+    assert list(tl.columns) == ["replica", "t", *[f for f, _, _ in TIMELINE_FIELDS]]
+    assert tl[["t", "replica"]].to_numpy().tolist() == want[["t", "replica"]].to_numpy().tolist()
+    for name, dt, _ in TIMELINE_FIELDS:
+        if dt == "i8":
+            assert tl[name].tolist() == want[name].tolist(), name
+        else:
+            assert np.allclose(tl[name], want[name], rtol=1e-7), name
+    assert int(tl["steps"].sum()) == len(rows)
+
+
+def test_large_runs_default_to_parquet_and_a_timeline_and_say_so(scenario_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runner, "AUTO_LARGE_REQUESTS", 299)
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "big"))
+    assert code == 0, err
+    flat = " ".join(text.split())
+    assert "requests.parquet, steps.parquet" in flat
+    assert "parquet (--format auto: 300 requests > 299)" in flat
+    assert "steps as a timeline (--steps auto: 300 requests > 299)" in flat
+    assert "a timeline row per 1 s (--timeline-s auto" in flat
+    manifest = json.loads((tmp_path / "big" / "manifest.json").read_text())
+    assert manifest["steps"] == "timeline" and manifest["timeline_s"] == 1.0 and "--format auto" in manifest["why"]
+    tl = pd.read_parquet(tmp_path / "big" / "steps.parquet")
+    assert tl["steps"].sum() == json.loads((tmp_path / "big" / "summary.json").read_text())["num_steps"]
+
+
+def test_no_step_file_when_the_scenario_keeps_none(scenario_file, tmp_path, capsys, monkeypatch):
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "n"),
+                          "--set", "measure.step_records=false")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "n").iterdir()) == ["manifest.json", "requests.csv", "summary.json"]
+    assert json.loads((tmp_path / "n" / "manifest.json").read_text())["steps"] == "none"
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--format", "xlsx"], "--format"), (["--steps", "all"], "--steps"), (["--timeline-s", "0"], "--timeline-s"),
+    (["--timeline-s", "nan"], "--timeline-s"),
+])
+def test_bad_output_options_are_one_line_exit_2(scenario_file, tmp_path, capsys, monkeypatch, args, where):
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "x"), *args)
+    assert code == 2 and where in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_failed_run_leaves_no_partial_step_file(scenario_file, tmp_path, monkeypatch):
+    """The step file is streamed beside the output folder; a run that fails midway removes it and
+    leaves the previous set as it was."""
+    import yaml
+
+    sc = scenario_from_dict(yaml.safe_load(SCENARIO))
+    out = tmp_path / "o"
+    runner.run_to_folder(sc, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = runner.simulate
+
+    def broken(scenario, parts, **kw):
+        real(scenario, parts, **kw)  # (the steps streamed to the temporary file)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(runner, "simulate", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        runner.run_to_folder(sc, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("last, want", [(0.0, 1.0), (9_999.0, 1.0), (10_001.0, 2.0), (2.1e6, 300.0), (1e12, 86400.0)])
+def test_timeline_bin_covers_the_arrivals_in_at_most_ten_thousand_rows(last, want):
+    from batchsim.sim.types import Workload
+
+    wl = Workload(arrival=np.array([0.0, last]), prompt_tokens=np.array([1, 1]), output_tokens=np.array([1, 1]))
+    assert runner.timeline_bin(wl) == want
