@@ -124,17 +124,67 @@ def test_timeline_sums_the_step_rows_per_replica_per_bin(csv_rows, scenario_file
 
 def test_large_runs_default_to_parquet_and_a_timeline_and_say_so(scenario_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(runner, "AUTO_LARGE_REQUESTS", 299)
+    monkeypatch.setattr(runner, "AUTO_STEP_ROWS", 1000)
     code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "big"))
     assert code == 0, err
     flat = " ".join(text.split())
+    summary = json.loads((tmp_path / "big" / "summary.json").read_text())
     assert "requests.parquet, steps.parquet" in flat
     assert "parquet (--format auto: 300 requests > 299)" in flat
-    assert "steps as a timeline (--steps auto: 300 requests > 299)" in flat
+    assert f"steps as a timeline (--steps auto: {summary['num_steps']:,} steps > 1,000)" in flat
     assert "a timeline row per 1 s (--timeline-s auto" in flat
     manifest = json.loads((tmp_path / "big" / "manifest.json").read_text())
     assert manifest["steps"] == "timeline" and manifest["timeline_s"] == 1.0 and "--format auto" in manifest["why"]
     tl = pd.read_parquet(tmp_path / "big" / "steps.parquet")
-    assert tl["steps"].sum() == json.loads((tmp_path / "big" / "summary.json").read_text())["num_steps"]
+    assert tl["steps"].sum() == summary["num_steps"]
+
+
+def test_auto_steps_keep_rows_up_to_the_limit(scenario_file, tmp_path, capsys, monkeypatch):
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert f"a row per step (--steps auto: {summary['num_steps']:,} steps <= 250,000)" in " ".join(text.split())
+    assert len(pd.read_csv(tmp_path / "r" / "steps.csv")) == summary["num_steps"]
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "r2"),
+                          "--timeline-s", "5")
+    assert code == 0 and "--timeline-s unused" in " ".join(text.split()), err
+
+
+def test_step_files_are_the_same_bytes_from_either_engine(scenario_file, tmp_path, capsys, monkeypatch):
+    """Row groups have a fixed size (batchsim.sim.io.ROW_GROUP), however the engine handed the
+    rows over (the core in flushes, the Python engine a chunk at a time)."""
+    from batchsim.sim import io as io_mod
+    from batchsim.sim.records import StepStream
+
+    monkeypatch.setattr(io_mod, "ROW_GROUP", 1000)
+    monkeypatch.setattr(StepStream, "CHUNK", 777)
+    got = {}
+    for engine in ("core", "python"):
+        for steps in ("rows", "timeline"):
+            d = tmp_path / f"{engine}-{steps}"
+            code, _, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(d), "--format", "parquet",
+                               "--steps", steps, "--timeline-s", "0.5", "--set", f"engine={engine}")
+            assert code == 0, err
+            got[engine, steps] = (d / "steps.parquet").read_bytes()
+    assert got["core", "rows"] == got["python", "rows"]
+    assert got["core", "timeline"] == got["python", "timeline"]
+
+
+def test_a_killed_runs_step_file_is_removed_by_the_next_write(scenario_file, tmp_path):
+    """The step file streams beside the output folder under a temporary name whose process id
+    batchsim.sim.io.clean_orphans reads: a dead writer's is removed by the next run there."""
+    import yaml
+
+    from batchsim.sim.io import TableFile
+
+    sc = scenario_from_dict(yaml.safe_load(SCENARIO))
+    out = tmp_path / "o"
+    t = TableFile(tmp_path / ".o.tmp-999999999-steps.csv", "csv")  # (a pid no process has)
+    t.write({"a": np.arange(3)})
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".o.tmp-999999999-steps.csv.")
+    runner.run_to_folder(sc, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
 def test_no_step_file_when_the_scenario_keeps_none(scenario_file, tmp_path, capsys, monkeypatch):
@@ -147,7 +197,7 @@ def test_no_step_file_when_the_scenario_keeps_none(scenario_file, tmp_path, caps
 
 @pytest.mark.parametrize("args, where", [
     (["--format", "xlsx"], "--format"), (["--steps", "all"], "--steps"), (["--timeline-s", "0"], "--timeline-s"),
-    (["--timeline-s", "nan"], "--timeline-s"),
+    (["--timeline-s", "nan"], "--timeline-s"), (["--timeline-s", "1e-300"], "--timeline-s"),
 ])
 def test_bad_output_options_are_one_line_exit_2(scenario_file, tmp_path, capsys, monkeypatch, args, where):
     code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "x"), *args)

@@ -96,8 +96,8 @@ def run(
         raise InputError(f"got {fmt!r}; expected auto, {', '.join(FORMATS)}", "--format")
     if steps not in ("auto", *STEP_MODES):
         raise InputError(f"got {steps!r}; expected auto, {', '.join(STEP_MODES)}", "--steps")
-    if timeline_s is not None and not (timeline_s > 0 and math.isfinite(timeline_s)):
-        raise InputError(f"got {timeline_s!r}; expected a positive number of seconds", "--timeline-s")
+    if timeline_s is not None and not (1e-3 <= timeline_s and math.isfinite(timeline_s)):
+        raise InputError(f"got {timeline_s!r}; expected a number of seconds, at least 0.001", "--timeline-s")
     sc, base = _load(scenario, policy, set_)
     if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
         raise InputError(f"{out} is a file; expected a folder for the records", "--out")

@@ -38,14 +38,15 @@ from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import ItlRecords, TokenSteps
 from batchsim.sim.frontend import engine_arrivals
-from batchsim.sim.records import STEP_FIELDS, FrameSteps, StepStream, TimelineSteps, add_latencies, request_frame
+from batchsim.sim.records import (STEP_FIELDS, AutoSteps, FrameSteps, StepStream, TimelineSteps, add_latencies,
+                                  request_frame)
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
 from batchsim.sim.types import Workload
 from batchsim.workloads import build_workload
 
 __all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "run_to_folder", "simulate", "write_outputs",
-           "choose_outputs", "AUTO_LARGE_REQUESTS", "STEP_MODES"]
+           "choose_format", "AUTO_LARGE_REQUESTS", "AUTO_STEP_ROWS", "STEP_MODES"]
 
 
 @dataclass
@@ -455,10 +456,25 @@ def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
 
 
 AUTO_LARGE_REQUESTS = 100_000
-"""``--format auto`` and ``--steps auto``: a run of more requests writes Parquet (a million request
-rows take ~10 s as CSV, well under a second as Parquet) and a step timeline instead of a row per
-step (a million requests through static batching make 240M steps: 5.4 GB of Parquet)."""
+"""``--format auto``: a run of more requests writes Parquet (a million request rows take ~10 s as
+CSV, well under a second as Parquet)."""
+AUTO_STEP_ROWS = 250_000
+"""``--steps auto``: a run of more steps writes a step timeline instead of a row per step (2.7M
+step rows take ~25 s as CSV; a million requests through static batching make 240M steps, 5.4 GB
+of Parquet)."""
 STEP_MODES = ("rows", "timeline", "none")
+
+
+def choose_format(fmt: str, requests: int) -> tuple[str, str]:
+    """The records' format for ``--format fmt`` and a run of ``requests`` requests, and why ("" when
+    the user chose it)."""
+    if fmt != "auto":
+        return fmt, ""
+    large = requests > AUTO_LARGE_REQUESTS
+    fmt = "parquet" if large else "csv"
+    return fmt, f"{fmt} (--format auto: {requests:,} requests {'>' if large else '<='} {AUTO_LARGE_REQUESTS:,})"
+
+
 TIMELINE_BINS = 10_000
 """``--timeline-s auto``: the shortest of :data:`TIMELINE_STEPS_S` that covers the arrivals in at
 most this many bins per replica."""
@@ -503,39 +519,60 @@ def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None
     """``batchsim run``: build, simulate and write the outputs (:func:`write_outputs`) with the step
     records streamed to their file as the run goes, so memory does not grow with steps:
     ``steps`` ``rows`` (one per step), ``timeline`` (one per replica per ``timeline_s`` seconds,
-    batchsim.sim.records.TimelineSteps; None: :func:`timeline_bin`), ``none``, or ``auto``
-    (:func:`choose_outputs`).
-    ``measure.step_records: false`` or ``records: aggregate`` write none. Returns the result
-    (without step rows) and what was written (``format``, ``steps``, ``why``, ``files``)."""
+    batchsim.sim.records.TimelineSteps; None: :func:`timeline_bin`), ``none``, or ``auto`` (rows
+    up to :data:`AUTO_STEP_ROWS` steps, else a timeline: batchsim.sim.records.AutoSteps). The
+    format: :func:`choose_format`. ``measure.step_records: false`` or ``records: aggregate``
+    write none. Returns the result (without step rows) and what was written (``format``,
+    ``steps``, ``timeline_s``, ``why``, ``files``)."""
     parts = build_parts(scenario, base_dir)
-    fmt, steps, why = choose_outputs(fmt, steps, len(parts.workload))
+    fmt, why_format = choose_format(fmt, len(parts.workload))
     if not (scenario.measure.step_records and scenario.measure.records == "full"):
         steps = "none"
-    if steps == "timeline" and timeline_s is None:
+    given_bin = timeline_s is not None
+    if timeline_s is None:
         timeline_s = timeline_bin(parts.workload)
-        why += f"{'; ' if why else ''}a timeline row per {timeline_s:g} s (--timeline-s auto: at most " \
-               f"{TIMELINE_BINS:,} over the arrivals)"
     out = Path(out_dir).absolute()
-    sink = steps_file = None
-    if steps != "none":
-        # (beside the output folder, named as write_set's temporary files are, so a killed run's is
-        # removed by the next write to the same place: batchsim.sim.io.clean_orphans)
-        where = out.parent / f".{out.name}.tmp-{os.getpid()}-steps.{fmt}"
-        if steps == "timeline":
-            steps_file = TableFile(where, fmt)
-            sink = TimelineSteps(steps_file, timeline_s)
-        else:
-            sink = steps_file = _StepFile(where, fmt)
+    sink = None
+    made: list[TableFile] = []  # (the step file, once a sink makes it)
+    # (beside the output folder, named as write_set's temporary files are, so a killed run's is
+    # removed by the next write to the same place: batchsim.sim.io.clean_orphans)
+    where = out.parent / f".{out.name}.tmp-{os.getpid()}-steps.{fmt}"
+
+    def rows():
+        made.append(_StepFile(where, fmt))
+        return made[-1]
+
+    def timeline():
+        made.append(TableFile(where, fmt))
+        return TimelineSteps(made[-1], timeline_s)
+
+    if steps == "rows":
+        sink = rows()
+    elif steps == "timeline":
+        sink = timeline()
+    elif steps == "auto":
+        sink = AutoSteps(rows, timeline, AUTO_STEP_ROWS)
     try:
         result = simulate(scenario, parts, step_sink=sink)
         if command is not None:
             result.summary["provenance"]["command"] = command
-        written = write_outputs(result, out, fmt, steps_path=steps_file.path if steps_file else None, why=why,
-                                steps=steps, timeline_s=timeline_s)
+        kept = sink.mode if isinstance(sink, AutoSteps) else steps
+        why = [why_format] if why_format else []
+        if steps == "auto":
+            n = result.summary.get("num_steps", 0)
+            why.append(("steps as a timeline" if kept == "timeline" else "a row per step")
+                       + f" (--steps auto: {n:,} steps {'>' if kept == 'timeline' else '<='} {AUTO_STEP_ROWS:,})")
+        if kept == "timeline" and not given_bin:
+            why.append(f"a timeline row per {timeline_s:g} s (--timeline-s auto: at most {TIMELINE_BINS:,} over "
+                       "the arrivals)")
+        if kept != "timeline" and given_bin:
+            why.append("--timeline-s unused: no timeline written")
+        written = write_outputs(result, out, fmt, steps_path=made[0].path if made else None, why="; ".join(why),
+                                steps=kept, timeline_s=timeline_s)
     except BaseException:
-        if steps_file is not None:
-            steps_file.discard()
-            steps_file.path.unlink(missing_ok=True)
+        for f in made:
+            f.discard()
+            f.path.unlink(missing_ok=True)
         raise
     return result, written
 

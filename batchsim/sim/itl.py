@@ -227,10 +227,31 @@ def _lerp(a: float, b: float, t: float) -> float:
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
+_KEY_SHIFT = np.uint64(36)  # buckets keep the exponent and 16 bits of the mantissa: 0.0015% wide
+_KEY_FLOOR = int(np.array(1e-12).view(np.uint64) >> _KEY_SHIFT)  # values below 1e-12 share one bucket
+_SIGN = np.uint64(0x7FFFFFFFFFFFFFFF)
+
+
 def _keys(v: np.ndarray) -> np.ndarray:
-    """A bucket per value, in value order for values >= 0: the float's leading bits (sign,
-    exponent, 8 of the mantissa's: buckets 0.4% wide)."""
-    return (v.view(np.uint64) >> np.uint64(44)).astype(np.int64)
+    """A bucket per value, in value order for values >= 0 (-0.0 too): the float's exponent and
+    leading mantissa bits, values below 1e-12 in one bucket (so the histogram spans only the
+    exponents the values have)."""
+    return np.maximum((v.view(np.uint64) & _SIGN) >> _KEY_SHIFT, np.uint64(_KEY_FLOOR)).astype(np.int64)
+
+
+def _add_hist(hist: np.ndarray, base: int, k: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, int]:
+    """``hist`` (counts of keys ``base, base + 1, ...``) with the keys ``k`` counted ``c`` times."""
+    lo, hi = int(k.min()), int(k.max())
+    if not len(hist):
+        hist, base = np.zeros(hi - lo + 1, dtype=np.int64), lo
+    new_lo, new_hi = min(base, lo), max(base + len(hist) - 1, hi)
+    if new_lo < base or new_hi >= base + len(hist):
+        grown = np.zeros(new_hi - new_lo + 1, dtype=np.int64)
+        grown[base - new_lo:base - new_lo + len(hist)] = hist
+        hist, base = grown, new_lo
+    h = np.bincount(k - lo, weights=c).astype(np.int64)
+    hist[lo - base:lo - base + len(h)] += h
+    return hist, base
 
 
 def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
@@ -239,18 +260,17 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     (values >= 0; ``pieces()`` is called twice and must give the same pieces): the percentiles
     equal ``np.percentile(np.repeat(values, counts), p)`` (its default 'linear' method) exactly;
     mean and std are the weighted sums (numpy's ``mean``/``std`` within rounding). Two passes:
-    the count, sum and a histogram of buckets (:func:`_keys`), then the sum of squares and the
-    values of the buckets that hold the ranks the percentiles need, sorted."""
-    n, total, hist = 0, 0.0, np.zeros(0, dtype=np.int64)
+    the count, sum and a histogram of fine buckets (:func:`_keys`), then the sum of squares and
+    the values of the buckets that hold the ranks the percentiles need, sorted."""
+    n, total, hist, base = 0, 0.0, np.zeros(0, dtype=np.int64), 0
     for v, c in pieces():
+        if not len(v):
+            continue
         if (v < 0).any():
             raise ValueError("weighted_summary needs values >= 0")
         n += int(c.sum())
         total += float(np.dot(v, c))
-        h = np.bincount(_keys(v), weights=c).astype(np.int64)
-        if len(h) > len(hist):
-            hist = np.concatenate((hist, np.zeros(len(h) - len(hist), dtype=np.int64)))
-        hist[:len(h)] += h
+        hist, base = _add_hist(hist, base, _keys(v), c)
     if n == 0:
         raise EmptyError("no values")
     mean = total / n
@@ -265,7 +285,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     ranks = sorted({r for lo, hi, _ in plans for r in (lo, hi)})
     cum = np.cumsum(hist)
     where = {r: int(np.searchsorted(cum, r, "right")) for r in ranks}
-    wanted = np.array(sorted(set(where.values())), dtype=np.int64)
+    wanted = np.array(sorted({b + base for b in where.values()}), dtype=np.int64)
     sq = 0.0
     found: dict[int, list] = {int(b): [] for b in wanted}
     for v, c in pieces():
@@ -277,8 +297,8 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
             found[b].append((v[at], c[at]))
     at_rank = {}
     for r, b in where.items():
-        vals = np.concatenate([v for v, _ in found[b]])
-        cnts = np.concatenate([c for _, c in found[b]])
+        vals = np.concatenate([v for v, _ in found[b + base]])
+        cnts = np.concatenate([c for _, c in found[b + base]])
         order = np.argsort(vals, kind="stable")
         before = int(cum[b - 1]) if b else 0
         at_rank[r] = float(vals[order][int(np.searchsorted(np.cumsum(cnts[order]), r - before, "right"))])

@@ -15,7 +15,7 @@ import pandas as pd
 
 from batchsim.sim.state import COMPLETED, Seq
 
-__all__ = ["Columns", "StepLog", "StepStream", "FrameSteps", "TimelineSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "request_frame", "add_latencies"]
+__all__ = ["Columns", "StepLog", "StepStream", "FrameSteps", "TimelineSteps", "AutoSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "request_frame", "add_latencies"]
 
 # (name, dtype) of every per-step column, in steps.csv order.
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
@@ -244,6 +244,39 @@ class TimelineSteps:
             self._emit(self._held, np.floor(self._held["end"] / self.bin_s).astype(np.int64))
         self._held = None
         self.inner.close(self.columns())
+
+
+class AutoSteps:
+    """A :class:`StepStream` sink that writes a row per step when the run has at most ``limit``
+    steps, else a timeline: it holds the first ``limit + 1`` rows, then hands them and the rest to
+    ``timeline()`` (a sink made when needed), or at the end to ``rows()``. ``mode`` says which
+    (None until decided). Deterministic: the decision depends on the run's own step count."""
+
+    def __init__(self, rows, timeline, limit: int) -> None:
+        self._make = {"rows": rows, "timeline": timeline}
+        self.limit, self.mode, self.sink = int(limit), None, None
+        self._held: list[dict[str, np.ndarray]] = []
+        self._n = 0
+
+    def _decide(self, mode: str) -> None:
+        self.mode, self.sink = mode, self._make[mode]()
+        for c in self._held:
+            self.sink.write(c)
+        self._held = []
+
+    def write(self, chunk: dict[str, np.ndarray]) -> None:
+        if self.sink is not None:
+            self.sink.write(chunk)
+            return
+        self._held.append(chunk)
+        self._n += len(chunk["end"])
+        if self._n > self.limit:
+            self._decide("timeline")
+
+    def close(self) -> None:
+        if self.sink is None:
+            self._decide("rows")
+        self.sink.close()
 
 
 class StepStream:
