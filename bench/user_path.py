@@ -116,13 +116,10 @@ def render(doc: dict, previous: dict | None) -> str:
              "| case | status | wall s | CPU s | peak RSS MiB | output MiB | steps | load avg |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in doc["cases"]:
-        mib = sum(r.get("files", {}).values()) / 2**20 if r.get("files") else float("nan")
-        steps = (r.get("summary") or {}).get("num_steps")
+        files, steps = r.get("files"), (r.get("summary") or {}).get("num_steps")
+        mib = f"{sum(files.values()) / 2**20:,.0f}" if files else "-"
         lines.append(f"| {r['key']} | {r['status']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:,.0f} | "
-                     f"{mib:,.0f} | {steps if steps is not None else '-':,} | {r['load_avg']:.2f} |"
-                     if steps is not None else
-                     f"| {r['key']} | {r['status']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:,.0f} | "
-                     f"- | - | {r['load_avg']:.2f} |")
+                     f"{mib} | {'-' if steps is None else f'{steps:,}'} | {r['load_avg']:.2f} |")
     if previous is not None:
         before = {r["key"]: r for r in previous["cases"]}
         lines += ["", f"Compared with {previous['label']} (tree {previous['tree']}):", "",
