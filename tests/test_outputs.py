@@ -233,3 +233,19 @@ def test_timeline_bin_covers_the_arrivals_in_at_most_ten_thousand_rows(last, wan
 
     wl = Workload(arrival=np.array([0.0, last]), prompt_tokens=np.array([1, 1]), output_tokens=np.array([1, 1]))
     assert runner.timeline_bin(wl) == want
+
+
+def test_parquet_without_pyarrow_is_a_clear_error_before_the_run(scenario_file, tmp_path, capsys, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_pyarrow(name, *a, **kw):
+        if name == "pyarrow" or name.startswith("pyarrow."):
+            raise ImportError("No module named 'pyarrow'")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    code, _, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "x"), "--format", "parquet")
+    assert code == 2 and "Parquet needs pyarrow" in err and "--format csv" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()

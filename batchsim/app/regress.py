@@ -70,7 +70,7 @@ _NOTE = ("Recorded by `batchsim regress --update`. Keys are scenario paths relat
 def _default_runner(scenario: Scenario, base_dir: Path) -> dict:
     from batchsim.app.runner import run_scenario
 
-    return run_scenario(scenario, base_dir).summary
+    return run_scenario(scenario, base_dir, keep_steps=False).summary
 
 
 # -------------------------------------------------------------------- hashing

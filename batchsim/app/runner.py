@@ -450,9 +450,10 @@ def _per_replica(requests: pd.DataFrame, n: int) -> dict:
             "load_imbalance": float(counts.max() / mean) if mean else 1.0}
 
 
-def run_scenario(scenario: Scenario, base_dir: Path | None = None) -> RunResult:
-    """Build the parts and run: the library call behind ``batchsim run``."""
-    return simulate(scenario, build_parts(scenario, base_dir))
+def run_scenario(scenario: Scenario, base_dir: Path | None = None, keep_steps: bool = True) -> RunResult:
+    """Build the parts and run (``keep_steps``: keep the step rows as ``RunResult.steps``; the
+    summary is the same either way)."""
+    return simulate(scenario, build_parts(scenario, base_dir), step_sink="memory" if keep_steps else None)
 
 
 AUTO_LARGE_REQUESTS = 100_000
@@ -526,6 +527,12 @@ def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None
     ``steps``, ``timeline_s``, ``why``, ``files``)."""
     parts = build_parts(scenario, base_dir)
     fmt, why_format = choose_format(fmt, len(parts.workload))
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:  # (say so before the run, not after it)
+            raise InputError(f"Parquet needs pyarrow, which is not installed (pip install pyarrow){'; ' + why_format if why_format else ''}; "
+                             "--format csv writes CSV", "--format") from None
     if not (scenario.measure.step_records and scenario.measure.records == "full"):
         steps = "none"
     given_bin = timeline_s is not None
