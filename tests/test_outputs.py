@@ -187,6 +187,12 @@ def test_a_killed_runs_step_file_is_removed_by_the_next_write(scenario_file, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
+def test_steps_none_writes_no_step_file(scenario_file, tmp_path, capsys, monkeypatch):
+    code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "n"), "--steps", "none")
+    assert code == 0 and "no step records" in text, err
+    assert sorted(p.name for p in (tmp_path / "n").iterdir()) == ["manifest.json", "requests.csv", "summary.json"]
+
+
 def test_no_step_file_when_the_scenario_keeps_none(scenario_file, tmp_path, capsys, monkeypatch):
     code, text, err = cli(capsys, monkeypatch, "run", str(scenario_file), "--out", str(tmp_path / "n"),
                           "--set", "measure.step_records=false")

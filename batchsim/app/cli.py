@@ -83,7 +83,7 @@ def run(
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,
     fmt: Annotated[str, typer.Option("--format", help="records format: csv, parquet, or auto (CSV up to 100,000 requests, Parquet above)")] = "auto",
-    steps: Annotated[str, typer.Option("--steps", help="step records: rows (one per step), timeline (one per replica per --timeline-s), none, or auto (rows up to 100,000 requests, a timeline above)")] = "auto",
+    steps: Annotated[str, typer.Option("--steps", help="step records: rows (one per step), timeline (one per replica per --timeline-s), none, or auto (rows up to 250,000 steps, a timeline above)")] = "auto",
     timeline_s: Annotated[Optional[float], typer.Option("--timeline-s", help="seconds per timeline row (--steps timeline; default: the shortest of 1, 2, 5, 10, ... s that covers the arrivals in 10,000 rows)")] = None,
 ) -> None:
     """Run one simulation: print a summary, write summary.json, requests and steps (CSV or Parquet)."""

@@ -493,21 +493,6 @@ def timeline_bin(workload: Workload) -> float:
     return float(TIMELINE_STEPS_S[-1])
 
 
-def choose_outputs(fmt: str, steps: str, requests: int) -> tuple[str, str, str]:
-    """``(format, steps, why)``: the records' format and step records for ``--format fmt``,
-    ``--steps steps`` and a run of ``requests`` requests, and why, in words."""
-    large = requests > AUTO_LARGE_REQUESTS
-    why = []
-    if fmt == "auto":
-        fmt = "parquet" if large else "csv"
-        why.append(f"{fmt} (--format auto: {requests:,} requests {'>' if large else '<='} {AUTO_LARGE_REQUESTS:,})")
-    if steps == "auto":
-        steps = "timeline" if large else "rows"
-        why.append(("steps as a timeline" if large else "a row per step")
-                   + f" (--steps auto: {requests:,} requests {'>' if large else '<='} {AUTO_LARGE_REQUESTS:,})")
-    return fmt, steps, "; ".join(why)
-
-
 class _StepFile(TableFile):
     """steps.<fmt> written as the run makes the steps (a batchsim.sim.records.StepStream sink)."""
 
@@ -595,7 +580,7 @@ def write_outputs(result: RunResult, out_dir: str | Path, fmt: str = "csv", step
                f"requests.{fmt}": lambda p: write_table(p, result.requests, fmt)}
     if steps_path is not None:
         writers[f"steps.{fmt}"] = lambda p: os.replace(steps_path, p)
-    elif result.scenario.measure.step_records and result.scenario.measure.records == "full":
+    elif steps != "none" and result.scenario.measure.step_records and result.scenario.measure.records == "full":
         writers[f"steps.{fmt}"] = lambda p: write_table(p, result.steps, fmt)
     prov = result.summary.get("provenance") or {}
     about = {"written_by": f"batchsim {__version__}", "scenario": result.scenario.name,
