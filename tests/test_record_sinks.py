@@ -1,6 +1,6 @@
 """Record sinks store every value as writing it row by row would.
 
-Columns and StepLog let appended rows wait and write them in blocks;
+Columns (the step rows' buffer) let appended rows wait and write them in blocks;
 StepTotals does the same inside its fixed chunks; StepStream hands rows on in
 their canonical order as they become final. Whatever the mix and order of
 append / extend calls, the columns must hold exactly the row-by-row values,
@@ -15,7 +15,7 @@ import pytest
 
 from batchsim.sim import aggregate
 from batchsim.sim.aggregate import StepTotals
-from batchsim.sim.records import STEP_FIELDS, Columns, FrameSteps, StepLog, StepStream
+from batchsim.sim.records import STEP_FIELDS, Columns, FrameSteps, StepStream
 
 _DTYPES = [dt for _, dt in STEP_FIELDS]
 
@@ -87,10 +87,10 @@ def _feed(sink, ops, probe=None):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_step_log_holds_the_row_by_row_values(seed):
+def test_step_columns_hold_the_row_by_row_values(seed):
     rng = np.random.default_rng(seed)
     ops = _ops(rng, 3, 3000, 40)
-    log = StepLog(capacity=16)
+    log = Columns(STEP_FIELDS, capacity=16)
     _feed(log, ops, probe=lambda: rng.random() < 0.01)
     want = _row_by_row(ops)
     frame = log.frame()

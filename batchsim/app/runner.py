@@ -38,7 +38,7 @@ from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import ItlRecords, TokenSteps
 from batchsim.sim.frontend import engine_arrivals
-from batchsim.sim.records import (STEP_FIELDS, AutoSteps, FrameSteps, StepStream, TimelineSteps, add_latencies,
+from batchsim.sim.records import (AutoSteps, FrameSteps, StepStream, TimelineSteps, add_latencies, empty_steps,
                                   request_frame)
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
@@ -267,8 +267,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     # (the records in one canonical order, by end time then replica, whatever order SimPy resumed
     # replicas that end a step at the same time in: StepStream)
     steps.close()
-    step_df = (step_sink.frame() if isinstance(step_sink, FrameSteps)
-               else pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS}))
+    step_df = step_sink.frame() if isinstance(step_sink, FrameSteps) else empty_steps()
     if fe is not None and scenario.horizon_s is not None:
         requests, itl = _frontend_horizon(requests, itl, client, parts.workload, scenario.horizon_s)
     unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
@@ -497,7 +496,7 @@ class _StepFile(TableFile):
     """steps.<fmt> written as the run makes the steps (a batchsim.sim.records.StepStream sink)."""
 
     def close(self, columns: pd.DataFrame | None = None) -> Path:
-        return super().close(pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS}))
+        return super().close(empty_steps())
 
 
 def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None = None, fmt: str = "auto",

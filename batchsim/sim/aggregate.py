@@ -144,7 +144,7 @@ class _Chunked:
 
 
 class StepTotals(_Chunked):
-    """Running sums of the step records (the ``StepLog`` interface: append, extend)."""
+    """Running sums of the step records (what batchsim.sim.records.StepStream feeds: append, extend)."""
 
     def __init__(self, replicas: int) -> None:
         super().__init__(replicas, _KEEP_DTYPES, STEP_CHUNK)

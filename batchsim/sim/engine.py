@@ -22,7 +22,7 @@ from batchsim.sim.frontend import InServers, delivered_at
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.protocols import CostModel, Policy, PolicyError
 from batchsim.sim.itl import TokenSteps
-from batchsim.sim.records import StepLog
+from batchsim.sim.records import StepStream
 from batchsim.sim.state import COMPLETED, REJECTED, Seq
 from batchsim.sim.types import BatchPlan, StepShape, Workload
 
@@ -60,7 +60,7 @@ class Replica:
     """One model replica: a policy, a KV cache and a cost model."""
 
     def __init__(self, env: simpy.Environment, index: int, policy: Policy, cost: CostModel,
-                 kv: PagedKVCache, max_model_len: int, steps: StepLog, itl: TokenSteps) -> None:
+                 kv: PagedKVCache, max_model_len: int, steps: StepStream, itl: TokenSteps) -> None:
         self.env, self.index, self.policy, self.cost, self.kv = env, index, policy, cost, kv
         self.max_model_len = max_model_len
         self.waiting: deque[Seq] = deque()

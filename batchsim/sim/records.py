@@ -15,7 +15,7 @@ import pandas as pd
 
 from batchsim.sim.state import COMPLETED, Seq
 
-__all__ = ["Columns", "StepLog", "StepStream", "FrameSteps", "TimelineSteps", "AutoSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "request_frame", "add_latencies"]
+__all__ = ["Columns", "StepStream", "FrameSteps", "TimelineSteps", "AutoSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "empty_steps", "request_frame", "add_latencies"]
 
 # (name, dtype) of every per-step column, in steps.csv order.
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
@@ -143,19 +143,17 @@ class Columns:
         self._n = end
 
 
-class StepLog(Columns):
-    """Per-step records of every replica."""
-
-    def __init__(self, capacity: int = 4096) -> None:
-        super().__init__(STEP_FIELDS, capacity)
-
-
 def _in_order(end: np.ndarray, rep: np.ndarray) -> bool:
     """Are these rows in the canonical order, by end time then replica?"""
     if len(end) < 2:
         return True
     de, dr = np.diff(end), np.diff(rep.astype(np.int64))
     return bool(((de > 0) | ((de == 0) & (dr >= 0))).all())
+
+
+def empty_steps() -> pd.DataFrame:
+    """A step frame with no rows (every column of STEP_FIELDS, its dtype)."""
+    return pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
 
 
 class FrameSteps:
@@ -172,7 +170,7 @@ class FrameSteps:
 
     def frame(self) -> pd.DataFrame:
         if not self._chunks:
-            return pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
+            return empty_steps()
         return pd.DataFrame({f: np.concatenate([c[f] for c in self._chunks]) for f, _ in STEP_FIELDS})
 
 
@@ -291,8 +289,8 @@ class AutoSteps:
 
 
 class StepStream:
-    """Where the engines write step records (``append`` one row, ``extend`` a block, as into a
-    :class:`StepLog`): every row goes to ``totals`` (the summary's sums,
+    """Where the engines write step records (``append`` one row, ``extend`` a block, as into
+    :class:`Columns`): every row goes to ``totals`` (the summary's sums,
     batchsim.sim.aggregate.StepTotals) and, in the records' one canonical order (by end time,
     then replica, each replica's rows in its own order), to ``sink`` (``write(chunk)``,
     ``close()``), a chunk at a time, as rows become final: a row ending before the engine's
