@@ -32,3 +32,22 @@ def ctrl_c_when(cmd: Sequence[str], ready: Callable[[], bool], at_ready: Callabl
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
+
+
+def run_cli(capsys, monkeypatch, *args: str, columns: int | None = None) -> tuple[int, str, str]:
+    """Run the console script in-process: (exit code, stdout, stderr). ``columns``: the terminal
+    width rich lays its tables out for."""
+    import sys
+
+    from batchsim.app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["batchsim", *args])
+    if columns is not None:
+        monkeypatch.setenv("COLUMNS", str(columns))
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -8,7 +8,6 @@ AUTO_LARGE_REQUESTS requests the defaults are Parquet and a timeline, and the ru
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from batchsim.app import runner
 from batchsim.app.config import scenario_from_dict
 from batchsim.sim.records import TIMELINE_FIELDS
+from tests.cli_helpers import run_cli
 
 SCENARIO = """\
 name: out
@@ -36,17 +36,7 @@ workload:
 
 
 def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    from batchsim.app.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["batchsim", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, monkeypatch, *args, columns=200)
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from tests.cli_helpers import run_cli
 
 from batchsim.reports.regression import DEFAULT_METRICS
 
@@ -34,16 +35,7 @@ seed: 5
 
 def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     """Run the console script in-process: (exit code, stdout, stderr)."""
-    from batchsim.app.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["batchsim", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, monkeypatch, *args)
 
 
 @pytest.fixture(scope="module")
