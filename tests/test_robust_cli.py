@@ -56,7 +56,7 @@ CASES = [
     ("markup-in-path", ["run", "[/b].yaml"], "error: no such scenario file: [/b].yaml"),
     ("bad-yaml", ["run", "bad.yaml"], "error: bad.yaml:3: not valid YAML: expected ',' or ']', but got '<stream end>'"),
     ("unknown-field", ["run", "unknown.yaml"],
-     "error: unknown.yaml: bogus: unknown field; expected one of dtype, engine, engine_preset, engine_preset_values, hardware, horizon_s, kv_cache_dtype, "
+     "error: unknown.yaml: bogus: unknown field; expected one of disaggregation, dtype, engine, engine_preset, engine_preset_values, hardware, horizon_s, kv_cache_dtype, "
      "max_queue_len, measure, model, name, overheads, policy, policy_knobs, replicas, router, seed, slo, "
      "tensor_parallel_size, workload (got 1)"),
     ("removed-field", ["run", "ff.yaml"],

@@ -23,7 +23,7 @@ from batchsim.sim.errors import InputError
 from batchsim.app.runner import run_scenario
 from batchsim.workloads import WorkloadConfig, build_workload
 
-SCENARIO_FIELDS = ("dtype, engine, engine_preset, engine_preset_values, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, overheads, policy, "
+SCENARIO_FIELDS = ("disaggregation, dtype, engine, engine_preset, engine_preset_values, hardware, horizon_s, kv_cache_dtype, max_queue_len, measure, model, name, overheads, policy, "
                    "policy_knobs, replicas, router, seed, slo, tensor_parallel_size, workload")
 W = {"num_requests": 2}
 

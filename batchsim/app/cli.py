@@ -89,7 +89,7 @@ def run(
     """Run one simulation: print a summary, write summary.json, requests and steps (CSV or Parquet)."""
     from batchsim import policies
     from batchsim.app.runner import STEP_MODES, run_to_folder
-    from batchsim.app.summary_table import summary_table
+    from batchsim.app.summary_table import deployment_label, summary_table
     from batchsim.sim.io import FORMATS
 
     if fmt not in ("auto", *FORMATS):
@@ -112,7 +112,7 @@ def run(
     else:
         console = Console()
         console.print(summary_table([result.summary], title=f"{sc.name}: {result.meta['model']} on "
-                                    f"{result.meta['hardware']} x{sc.replicas}"))
+                                    f"{deployment_label(result.summary, result.meta['hardware'], sc.replicas)}"))
         files = ", ".join(f for f in written["files"] if f != "summary.json")
         kind = {"timeline": f"steps: a timeline per {written.get('timeline_s') or 0:g} s", "rows": "steps: a row per step",
                 "none": "no step records"}[written["steps"]]

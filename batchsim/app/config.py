@@ -15,7 +15,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator, model_validator
 
 from batchsim.calibrate.hardware import FrontendOverhead, HostOverhead
 
@@ -23,7 +23,7 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.safe_yaml import DuplicateKeyError, load_yaml
 from batchsim.workloads.config import NoBoolNumbers, WorkloadConfig
 
-__all__ = ["Scenario", "SLOConfig", "MeasureConfig", "VLLM_BLOCK_SIZES", "load_scenario", "scenario_from_dict",
+__all__ = ["Scenario", "DisaggregationConfig", "PoolConfig", "LinkConfig", "SLOConfig", "MeasureConfig", "VLLM_BLOCK_SIZES", "load_scenario", "scenario_from_dict",
            "apply_overrides", "format_validation_error", "short_repr"]
 
 
@@ -87,6 +87,54 @@ class OverheadConfig(NoBoolNumbers):
         return out
 
 
+class PoolConfig(NoBoolNumbers):
+    """One pool of a disaggregated deployment: its replicas, and what differs from the scenario's
+    top level (unset: the scenario's hardware, tensor_parallel_size and policy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    replicas: int = Field(1, ge=1, le=4096)
+    hardware: str | None = Field(None, description="hardware profile (unset: the scenario's)")
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="unset: the scenario's")
+    policy: dict[str, Any] | None = Field(None, description="this pool's policy (unset: the scenario's)")
+    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _pool_policy(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"name": v}
+        if isinstance(v, dict) and "name" not in v:
+            raise ValueError("the policy needs a 'name' (static, dynamic, continuous, chunked_prefill)")
+        return v
+
+
+class LinkConfig(NoBoolNumbers):
+    """The KV-transfer link between the pools (batchsim.sim.disagg.KVLink)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    bandwidth_gbps: float = Field(
+        400.0, gt=0, description="per GPU, Gbit/s: each GPU its own NIC (DGX H100: one 400 Gb/s ConnectX-7 per GPU); "
+                                 "a replica has tensor_parallel_size of them")
+    latency_us: float = Field(10.0, ge=0, description="per transfer, after its last byte is sent (RDMA setup, "
+                                                      "the completion notice)")
+    transfer: Literal["per_request", "per_layer"] = Field(
+        "per_request", description="per_request: the prompt's KV is read when its prefill ends (vLLM's NIXL "
+                                   "connector); per_layer: each layer's KV leaves as it is computed (Splitwise)")
+
+
+class DisaggregationConfig(NoBoolNumbers):
+    """Prefill and decode on separate pools (batchsim.sim.disagg; docs/disaggregation.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prefill: PoolConfig = Field(default_factory=PoolConfig)
+    decode: PoolConfig = Field(default_factory=PoolConfig)
+    link: LinkConfig = Field(default_factory=LinkConfig)
+    first_token: Literal["prefill", "decode"] = Field(
+        "prefill", description="prefill: the token the prefill replica samples reaches the client with the KV "
+                               "(SGLang); decode: the decode replica recomputes the last prompt token and "
+                               "samples the first token itself (vLLM's NIXL connector)")
+
+
 class Scenario(NoBoolNumbers):
     """A whole simulation: model, hardware, cluster, policy, workload."""
 
@@ -120,11 +168,23 @@ class Scenario(NoBoolNumbers):
                             "compiler is at hand, else the Python engine; python; core (an error if it "
                             "cannot). Both give the same records byte for byte")
 
+    disaggregation: DisaggregationConfig | None = Field(
+        None, description="serve prefill and decode on separate pools with a KV-transfer link between them; "
+                          "the pools' replicas replace `replicas` and `router`")
     engine_preset_values: dict[str, Any] = Field(
         default_factory=dict,
         description="(written by batchsim when it applies engine_preset) the policy values the preset filled: "
                     "a key still holding its value is the preset's, resolved again when the hardware, tp or "
                     "preset changes; leave unset")
+
+    @model_validator(mode="after")
+    def _pools_not_replicas(self) -> "Scenario":
+        if self.disaggregation is not None:
+            for name in ("replicas", "router"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name} is for a colocated deployment; with disaggregation set "
+                                     f"disaggregation.prefill.{name} and disaggregation.decode.{name}")
+        return self
 
     @field_validator("policy", mode="before")
     @classmethod

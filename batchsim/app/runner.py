@@ -209,6 +209,10 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     takes them a chunk at a time, so a long run's memory does not grow with its steps. The
     summary's step sums come from running totals either way.
     """
+    if scenario.disaggregation is not None:
+        from batchsim.app.disagg import simulate_disagg
+
+        return simulate_disagg(scenario, parts, replica, step_sink)
     aggregate = scenario.measure.records == "aggregate"
     client_arrival = parts.workload.arrival  # (when the clients sent their requests)
     if isinstance(step_sink, str):
@@ -259,36 +263,19 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         itl = _itl_records(replicas, cluster.requests, len(parts.workload))
         engine = {"steps": len(steps), "engine": "python"}
         sent = cluster.arrival  # (a closed loop's send times; inf for requests never sent)
-    workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
-    if fe is not None:
-        client = cluster.sent if parts.workload.closed is not None else client_arrival
-        requests = _client_times(requests, client)
-    _check_conservation(requests, workload, scenario.horizon_s)
-    # (the records in one canonical order, by end time then replica, whatever order SimPy resumed
-    # replicas that end a step at the same time in: StepStream)
-    steps.close()
-    step_df = step_sink.frame() if isinstance(step_sink, FrameSteps) else empty_steps()
-    if fe is not None and scenario.horizon_s is not None:
-        requests, itl = _frontend_horizon(requests, itl, client, parts.workload, scenario.horizon_s)
-    unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
-    # (every request of an open loop; those its clients sent, of a closed one)
-    n_sent = (int(np.isfinite(cluster.sent).sum()) if parts.workload.closed is not None
-              else _arrived(workload, math.inf))
-    last_end = step_totals.totals()["max_end"]
-    last = max([last_end if last_end > -math.inf else 0.0,
-                float(np.max(workload.arrival, where=np.isfinite(workload.arrival), initial=0.0))])
-    sim_end = now if unfinished else last
     kv0 = caches[0]
-    totals = RunTotals(
-        replicas=scenario.replicas, sim_end=sim_end, peak_flops=parts.cost.peak_flops,
-        peak_bandwidth=parts.cost.peak_bandwidth, kv_total_blocks=kv0.total_blocks,
-        kv_peak_blocks=max(c.peak_used for c in caches),
-        warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
-    )
-    summary = summarize(requests, step_totals, itl, totals, policy=pols[0].name,
-                        slo=scenario.slo.limits())
-    if workload.closed is not None:
-        summary.setdefault("warnings", []).extend(_closed_loop_warnings(requests, workload, n_sent))
+
+    def totals_of(sim_end: float) -> RunTotals:
+        return RunTotals(
+            replicas=scenario.replicas, sim_end=sim_end, peak_flops=parts.cost.peak_flops,
+            peak_bandwidth=parts.cost.peak_bandwidth, kv_total_blocks=kv0.total_blocks,
+            kv_peak_blocks=max(c.peak_used for c in caches),
+            warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
+        )
+
+    requests, step_df, itl, summary, _ = conclude(
+        scenario, parts, requests, itl, now, sent, cluster.sent if parts.workload.closed is not None else None,
+        client_arrival, steps, step_sink, step_totals, totals_of, pols[0].name)
     if kv0.prefix_caching:
         hits, looks = sum(c.hits for c in caches), sum(c.lookups for c in caches)
         summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
@@ -307,6 +294,41 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     if not math.isfinite(summary["duration_s"]):  # pragma: no cover - defensive
         raise RuntimeError("non-finite duration")
     return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
+
+
+def conclude(scenario: Scenario, parts: Parts, requests: pd.DataFrame, itl: ItlRecords, now: float,
+             sent: np.ndarray, client_sent: np.ndarray | None, client_arrival: np.ndarray, steps: StepStream,
+             step_sink: Any, step_totals: StepTotals, totals_of: Callable[[float], RunTotals],
+             policy_name: str) -> tuple[pd.DataFrame, pd.DataFrame, ItlRecords, dict, float]:
+    """A run's records and summary from what its engine left: the request records as the clients
+    saw them (``sent``: when each request reached the engine; ``client_sent``: a closed loop's send
+    times), conservation checked, the step records closed, and the summary over
+    ``totals_of(sim_end)``. Returns (requests, steps, gaps, summary, sim_end)."""
+    fe = getattr(parts.cost, "frontend", None)
+    workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
+    client = client_sent if parts.workload.closed is not None else client_arrival
+    if fe is not None:
+        requests = _client_times(requests, client)
+    _check_conservation(requests, workload, scenario.horizon_s)
+    # (the records in one canonical order, by end time then replica, whatever order SimPy resumed
+    # replicas that end a step at the same time in: StepStream)
+    steps.close()
+    step_df = step_sink.frame() if isinstance(step_sink, FrameSteps) else empty_steps()
+    if fe is not None and scenario.horizon_s is not None:
+        requests, itl = _frontend_horizon(requests, itl, client, parts.workload, scenario.horizon_s)
+    unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
+    # (every request of an open loop; those its clients sent, of a closed one)
+    n_sent = (int(np.isfinite(client_sent).sum()) if parts.workload.closed is not None
+              else _arrived(workload, math.inf))
+    last_end = step_totals.totals()["max_end"]
+    last = max([last_end if last_end > -math.inf else 0.0,
+                float(np.max(workload.arrival, where=np.isfinite(workload.arrival), initial=0.0))])
+    sim_end = now if unfinished else last
+    summary = summarize(requests, step_totals, itl, totals_of(sim_end), policy=policy_name,
+                        slo=scenario.slo.limits())
+    if workload.closed is not None:
+        summary.setdefault("warnings", []).extend(_closed_loop_warnings(requests, workload, n_sent))
+    return requests, step_df, itl, summary, sim_end
 
 
 def _itl_records(replicas, seqs, n: int) -> ItlRecords:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from batchsim.reports.stats import CI_SUFFIX
 
-__all__ = ["summary_table", "warning_lines", "table_rows", "TABLE_ROWS", "PREFIX_ROW", "NULL", "OFF"]
+__all__ = ["summary_table", "deployment_label", "DISAGG_ROWS", "warning_lines", "table_rows", "TABLE_ROWS", "PREFIX_ROW", "NULL", "OFF"]
 
 # (label, key, format) shown by `batchsim run` and `compare`.
 TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
@@ -41,6 +41,15 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
 # Shown after "peak KV usage" when a run had a prefix cache (docs/prefix-caching.md).
 PREFIX_ROW: tuple[str, str, str] = ("prefix cache hit rate", "prefix_cache_hit_rate", "{:.1%}")
 
+
+# Shown after "engine" when a run was a disaggregated deployment (docs/disaggregation.md).
+DISAGG_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("GPUs (prefill + decode)", "disagg:gpus", ""),
+    ("TTFT p50: queue / prefill / transfer / decode (ms)", "disagg:split", ""),
+    ("prefill pool busy / MFU", "disagg:prefill", ""),
+    ("decode pool busy / MBU", "disagg:decode", ""),
+    ("KV link busy (max endpoint)", "disagg:link", ""),
+)
 
 NULL = "—"
 OFF = "off"  # no prefix cache in this run
@@ -75,18 +84,51 @@ def _cell(s: dict, label: str, key: str, fmt: str) -> str:
         return str(s.get("engine", "?"))
     if key == PREFIX_ROW[1] and key not in s:
         return OFF
+    if key.startswith("disagg:"):
+        return _disagg_cell(s.get("disaggregation"), key.removeprefix("disagg:"))
     if key in ("ttft", "tpot", "e2el"):
         return f"{_value(s, f'median_{key}_ms')} / {_value(s, f'p99_{key}_ms')}"
     return _value(s, key, fmt)
 
 
+def _disagg_cell(d: dict | None, what: str) -> str:
+    if not d:
+        return "colocated" if what == "gpus" else NULL
+    pools = d["pools"]
+    if what == "gpus":
+        return f"{d['gpus']} ({pools['prefill']['gpus']} + {pools['decode']['gpus']})"
+    if what == "split":
+        split = d["ttft_split"]
+        return " / ".join(_value(split.get(k, {}), "median_ms") for k in ("queue", "prefill", "transfer", "decode_first"))
+    if what == "link":
+        link = d["link"]
+        return f"{max(link['utilization_prefill_egress']['max'], link['utilization_decode_ingress']['max']):.1%}"
+    pool = pools[what]
+    second = "mfu" if what == "prefill" else "mbu"
+    return f"{pool['busy_fraction']:.1%} / {pool[second]:.1%}"
+
+
+def deployment_label(summary: dict, hardware: str, replicas: int) -> str:
+    """``h100-sxm x4``, or for a disaggregated deployment ``1P h100-sxm TP1 + 2D a100-80gb TP1``."""
+    d = summary.get("disaggregation")
+    if not d:
+        return f"{hardware} x{replicas}"
+    p, q = d["pools"]["prefill"], d["pools"]["decode"]
+    return (f"{p['replicas']}P {p['hardware']} TP{p['tensor_parallel_size']} + "
+            f"{q['replicas']}D {q['hardware']} TP{q['tensor_parallel_size']}")
+
+
 def table_rows(summaries: list[dict]) -> tuple[tuple[str, str, str], ...]:
     """:data:`TABLE_ROWS`, with :data:`PREFIX_ROW` after "peak KV usage" when any
-    summary had a prefix cache."""
-    if not any(PREFIX_ROW[1] in s for s in summaries):
-        return TABLE_ROWS
-    at = next(i for i, row in enumerate(TABLE_ROWS) if row[1] == "peak_kv_usage") + 1
-    return TABLE_ROWS[:at] + (PREFIX_ROW,) + TABLE_ROWS[at:]
+    summary had a prefix cache, and :data:`DISAGG_ROWS` at the end when any was a disaggregated
+    deployment."""
+    rows = TABLE_ROWS
+    if any(PREFIX_ROW[1] in s for s in summaries):
+        at = next(i for i, row in enumerate(TABLE_ROWS) if row[1] == "peak_kv_usage") + 1
+        rows = TABLE_ROWS[:at] + (PREFIX_ROW,) + TABLE_ROWS[at:]
+    if any(s.get("disaggregation") for s in summaries):
+        rows = rows + DISAGG_ROWS
+    return rows
 
 
 def summary_table(summaries: list[dict], title: str | None = None) -> Table:

@@ -191,11 +191,13 @@ class StepTotals(_Chunked):
         i["steps"] += n
         self.max_end = max(self.max_end, float(end.max()))
 
-    def totals(self) -> dict:
-        """Sums over every replica (replicas in index order)."""
+    def totals(self, replicas: range | None = None) -> dict:
+        """Sums over every replica, or those in ``replicas`` (a disaggregated deployment's pool), in
+        index order."""
         self._flush()
         out: dict = dict.fromkeys(_SUMS, 0.0) | dict.fromkeys(_INTS, 0)
-        for f, i in zip(self._f, self._i):
+        pick = range(len(self._f)) if replicas is None else replicas
+        for f, i in ((self._f[r], self._i[r]) for r in pick):
             for k, v in f.items():
                 out[k] += v
             for k, v in i.items():

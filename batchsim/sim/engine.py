@@ -70,6 +70,12 @@ class Replica:
         self.view = _View(env, self.waiting, self.running, kv, max_model_len)
         self.outstanding = 0  # admitted to this replica and not yet done (what routers balance)
         self.on_done: Callable[[Seq], None] | None = None  # told when a request ends (a closed loop's clients)
+        # (a disaggregated deployment's prefill pool: told of each finished sequence, whose KV then
+        # stays until release_kv; its decode pool: told after each plan applied, when KV may have
+        # been freed. batchsim.sim.disagg)
+        self.handoff: Callable[[Seq], None] | None = None
+        self.after_plan: Callable[["Replica"], None] | None = None
+        self.step_start = 0.0  # when the step now running (or the last one) began
         self._admissions = 0
         self._frontend = getattr(cost, "frontend", None)  # (in, in per token, out per step, out per token) s
         self._out_free = 0.0  # when the frontend has streamed every earlier step's tokens
@@ -88,6 +94,12 @@ class Replica:
         self.seqs[seq.rid] = seq
         self.waiting.append(seq)
         self.outstanding += 1
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def release_kv(self, rid: int) -> None:
+        """Free the KV a handed-off sequence left behind (its transfer is done) and wake the loop."""
+        self.kv.free(rid)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -112,6 +124,8 @@ class Replica:
             if not plan.num_tokens:
                 if plan.release or plan.reject or plan.preempt:
                     # The plan changed state without a step: ask again now.
+                    if self.after_plan is not None:
+                        self.after_plan(self)
                     admin_only += 1
                     if admin_only > 100_000:
                         raise PolicyError(f"{self.policy.name}: no step after 100000 plans")
@@ -120,12 +134,14 @@ class Replica:
                 continue
             admin_only = 0
             shape, useful = self._grow_and_shape(plan)
-            start = env.now
+            start = self.step_start = env.now
             cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             yield env.timeout(cost.seconds)
             self._advance(plan, (useful if useful is not None else shape).sampled)
             self._record(plan, shape, cost, useful_flops, start, preempted)
+            if self.after_plan is not None:
+                self.after_plan(self)
 
     def price(self, plan: BatchPlan, shape: StepShape):
         """What the step costs. The reference executor (batchsim.calibrate.executor)
@@ -175,7 +191,10 @@ class Replica:
                 raise PolicyError(f"{self.policy.name}: released rid {rid} has not finished")
             self.running.remove(seq)
             seq.is_running = False
-            kv.free(rid)
+            if self.handoff is None:
+                kv.free(rid)
+            else:
+                self.handoff(seq)  # (a held batch's sequence leaves when released: its KV stays until release_kv)
             if plan.complete_on_release:
                 last = seq.last_token  # (the frontend may still be streaming its last token)
                 seq.completion = last if last is not None and last > now else now
@@ -313,10 +332,14 @@ class Replica:
         if firsts and len(times) > k:  # first tokens in a token step: their runs start with it
             for seq in firsts:
                 seq.run = [idx, k, k, math.nan]
+        handoff = self.handoff
         for seq in done:
             seq.is_running = False
             self.running.remove(seq)
-            self.kv.free(seq.rid)
+            if handoff is None:
+                self.kv.free(seq.rid)
+            else:
+                handoff(seq)  # (its KV stays until release_kv)
             del seqs[seq.rid]
         self.outstanding -= len(done)
 

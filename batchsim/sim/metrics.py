@@ -27,7 +27,7 @@ from batchsim.sim.itl import EmptyError, ItlRecords, weighted_summary
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
-__all__ = ["RunTotals", "summarize", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
+__all__ = ["RunTotals", "summarize", "pool_utilization", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
            "rejections_by_kind", "latency_keys", "thin_window"]
 
 PERCENTILES = (50, 90, 99)
@@ -221,9 +221,20 @@ def _warnings(s: dict, requests: pd.DataFrame, totals: RunTotals) -> list[str]:
     return out
 
 
-def _utilization(steps: StepTotals, totals: RunTotals) -> dict:
+def pool_utilization(steps: StepTotals, replicas: range, sim_end: float, peak_flops: float,
+                     peak_bandwidth: float) -> dict:
+    """The summary's utilization figures of some replicas alone (a disaggregated deployment's pool:
+    ``peak_*`` per replica of it); its KV usage is the caller's."""
+    totals = RunTotals(replicas=len(replicas), sim_end=sim_end, peak_flops=peak_flops,
+                       peak_bandwidth=peak_bandwidth, kv_total_blocks=1, kv_peak_blocks=0)
+    out = _utilization(steps, totals, replicas)
+    del out["peak_kv_usage"]
+    return out
+
+
+def _utilization(steps: StepTotals, totals: RunTotals, replicas: range | None = None) -> dict:
     wall = max(totals.sim_end, 1e-12) * totals.replicas
-    t = steps.totals()
+    t = steps.totals(replicas)
     op_time, billed = t["op_time"], t["billed"]
     return {
         "busy_fraction": t["busy"] / wall,

@@ -1,0 +1,245 @@
+"""A disaggregated deployment's run: the pools' parts, the SimPy engine, and the pool-level summary.
+
+:func:`simulate_disagg` is what :func:`batchsim.app.runner.simulate` runs for a scenario with a
+``disaggregation`` section: each pool is built as a colocated scenario would build its replicas
+(its hardware, tensor parallelism, policy, KV cache), the pools run on
+:class:`batchsim.sim.disagg.DisaggCluster`, and the records and summary are made by the colocated
+run's own :func:`~batchsim.app.runner.conclude`, with what only a disaggregated run has added:
+the transfer columns of each request, the TTFT split, the pools' utilization and the link's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from batchsim import policies
+from batchsim.app.config import PoolConfig, Scenario
+from batchsim.app.runner import (Parts, RunResult, _check_max_model_len, _kv_cache, _policy_contract, _seeds,
+                                 build_cost, conclude, overhead_terms, provenance)
+from batchsim.engines import preset_report
+from batchsim.policies.step import IterationConfig
+from batchsim.sim.aggregate import StepTotals
+from batchsim.sim.disagg import TRANSFER_COLUMNS, DisaggCluster, KVLink, LinkSpec
+from batchsim.sim.engine import Replica
+from batchsim.sim.errors import InputError
+from batchsim.sim.frontend import engine_arrivals
+from batchsim.sim.itl import TokenSteps
+from batchsim.sim.metrics import PERCENTILES, RunTotals, in_window, pool_utilization
+from batchsim.sim.records import FrameSteps, StepStream, request_frame
+from batchsim.sim.router import make_router
+from batchsim.sim.state import COMPLETED, UNFINISHED
+
+__all__ = ["simulate_disagg", "ENGINE_REASON", "TTFT_PARTS"]
+
+ENGINE_REASON = ("disaggregated serving runs on the SimPy engine: the compiled core has no KV transfer "
+                 "(batchsim.sim.disagg)")
+
+# TTFT = frontend_in (when a frontend is priced) + these, per request (seconds)
+TTFT_PARTS = ("queue", "prefill", "transfer", "decode_first")
+
+
+@dataclass
+class _Pool:
+    name: str
+    spec: PoolConfig
+    scenario: Scenario  # the pool as a colocated scenario (its hardware, tp, policy)
+    parts: Parts
+    policies: list
+    caches: list
+    max_len: int
+    first: int  # the global index of its first replica
+
+    @property
+    def replicas(self) -> range:
+        return range(self.first, self.first + self.spec.replicas)
+
+
+def _pool(scenario: Scenario, parts: Parts, name: str, spec: PoolConfig, first: int) -> _Pool:
+    where = f"disaggregation.{name}"
+    update: dict[str, Any] = {"replicas": spec.replicas, "router": spec.router}
+    for key in ("hardware", "tensor_parallel_size", "policy"):
+        if getattr(spec, key) is not None:
+            update[key] = getattr(spec, key)
+    sc = scenario.model_copy(update=update)
+    try:
+        cost = build_cost(sc)
+        pols = [policies.create_policy(sc.policy) for _ in range(spec.replicas)]
+        pool_parts = replace(parts, cost=cost, kv_tokens=cost.kv_capacity_tokens)
+        _check_max_model_len(pols[0].config, pool_parts)
+        caches = [_kv_cache(pool_parts, p.config) for p in pols]
+    except InputError as e:
+        own = spec.policy is not None and (e.where or "").startswith("policy")
+        field = e.where if own or e.where in ("tensor_parallel_size",) else None
+        at = f"{where}.{field}" if field else (f"{where}: {e.where}" if e.where else where)
+        raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size"), at) from None
+    if name == "decode":
+        cfg = pols[0].config
+        if not isinstance(cfg, IterationConfig):
+            raise InputError(f"the decode pool runs {pols[0].name!r}; a decode pool needs an iteration-level "
+                             "policy (continuous or chunked_prefill), as every engine that disaggregates runs",
+                             f"{where}.policy.name")
+        if cfg.enable_prefix_caching:
+            raise InputError("prefix caching on the decode pool is not modelled (its prompts arrive as KV); "
+                             "set it on the prefill pool", f"{where}.policy.enable_prefix_caching")
+    max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
+    return _Pool(name, spec, sc, pool_parts, pols, caches, max_len, first)
+
+
+def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] = Replica,
+                    step_sink: Any = "memory") -> RunResult:
+    """Run a disaggregated scenario (``scenario.disaggregation``) over prebuilt parts; the
+    arguments are :func:`batchsim.app.runner.simulate`'s."""
+    d = scenario.disaggregation
+    if scenario.engine == "core":
+        raise InputError(f"core cannot run this scenario: {ENGINE_REASON}", "engine")
+    pre = _pool(scenario, parts, "prefill", d.prefill, 0)
+    dec = _pool(scenario, parts, "decode", d.decode, d.prefill.replicas)
+    n = d.prefill.replicas + d.decode.replicas
+    if isinstance(step_sink, str):
+        step_sink = None if scenario.measure.records == "aggregate" else FrameSteps()
+    step_totals = StepTotals(n)
+    steps = StepStream(step_totals, step_sink)
+    client_arrival = parts.workload.arrival
+    fe = getattr(pre.parts.cost, "frontend", None)  # (the request's way in is the prefill pool's frontend)
+    workload = parts.workload
+    if fe is not None and workload.closed is None:
+        workload = replace(workload, arrival=engine_arrivals(workload.arrival, workload.prompt_tokens, fe[0], fe[1],
+                                                             servers=d.prefill.replicas))
+    env = simpy.Environment()
+    made = {p.name: [replica(env, p.first + i, pol, p.parts.cost, kv, p.max_len, steps, TokenSteps())
+                     for i, (pol, kv) in enumerate(zip(p.policies, p.caches))] for p in (pre, dec)}
+    link_cfg = d.link
+    spec = LinkSpec(bandwidth=link_cfg.bandwidth_gbps * 1e9 / 8, latency_s=link_cfg.latency_us * 1e-6,
+                    mode=link_cfg.transfer, layers=int(pre.parts.cost.model.num_hidden_layers))
+    link = KVLink(spec, [pre.scenario.tensor_parallel_size] * d.prefill.replicas,
+                  [dec.scenario.tensor_parallel_size] * d.decode.replicas)
+    rng = np.random.SeedSequence(scenario.seed).spawn(3)
+    cluster = DisaggCluster(env, made["prefill"], make_router(d.prefill.router, np.random.default_rng(rng[1])),
+                            made["decode"], make_router(d.decode.router, np.random.default_rng(rng[2])), link,
+                            workload, pre.parts.cost.kv_bytes_per_token, d.first_token, scenario.max_queue_len)
+    with _policy_contract(scenario, pre.policies[0]), _policy_contract(scenario, dec.policies[0]):
+        env.run(until=scenario.horizon_s)
+    held = cluster.held()
+    lost = [s.rid for s in cluster.requests if s.status == UNFINISHED and s.rid not in held]
+    if lost:
+        raise RuntimeError(f"conservation broken: {len(lost)} unfinished request(s) held by no replica or "
+                           f"transfer (rids {lost[:5]})")
+    requests = request_frame(cluster.requests)
+    if len(requests):
+        cols = cluster.transfer_columns(requests)
+        requests["admitted"] = cols["prefill_admitted"]  # (admitted: when its prefill began)
+        for c in TRANSFER_COLUMNS:
+            if c != "prefill_admitted":
+                requests[c] = cols[c]
+    else:
+        requests = requests.assign(**{c: np.empty(0) for c in TRANSFER_COLUMNS if c != "prefill_admitted"})
+    from batchsim.app.runner import _itl_records
+
+    every = made["prefill"] + made["decode"]
+    itl = _itl_records(every, cluster.requests, len(workload))
+    caches = pre.caches + dec.caches
+    pool_parts = replace(parts, workload=workload)
+
+    def totals_of(sim_end: float) -> RunTotals:
+        # (the whole deployment: peaks are the mean replica's, so peak x replicas is the deployment's)
+        return RunTotals(
+            replicas=n, sim_end=sim_end,
+            peak_flops=sum(p.parts.cost.peak_flops * p.spec.replicas for p in (pre, dec)) / n,
+            peak_bandwidth=sum(p.parts.cost.peak_bandwidth * p.spec.replicas for p in (pre, dec)) / n,
+            kv_total_blocks=sum(c.total_blocks for c in caches), kv_peak_blocks=sum(c.peak_used for c in caches),
+            warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s)
+
+    sent = cluster.arrival
+    requests, step_df, itl, summary, sim_end = conclude(
+        scenario, pool_parts, requests, itl, env.now, sent,
+        cluster.sent if workload.closed is not None else None, client_arrival, steps, step_sink, step_totals,
+        totals_of, f"{pre.policies[0].name}/{dec.policies[0].name}")
+    summary["peak_kv_usage"] = max(c.peak_used / c.total_blocks for c in caches)
+    stalled = cluster.stalled()
+    if stalled:
+        stuck = sum(len(r.waiting) for r in made["decode"] if r.index in stalled)
+        summary.setdefault("warnings", []).append(
+            f"decode replica(s) {', '.join(map(str, stalled))} stalled with {stuck} request(s) waiting: their KV is "
+            "held by transferred requests queued behind a preempted one that cannot get its blocks back (a "
+            "first-come-first-served queue, as vLLM's, stops at its head); give the decode pool more KV "
+            "(gpu_memory_utilization, tensor_parallel_size, a larger GPU)")
+    summary["disaggregation"] = _report(scenario, requests, step_totals, link, pre, dec, summary, sim_end)
+    summary["engine"] = "python"
+    summary["engine_reason"] = ENGINE_REASON
+    if scenario.overheads.updates() or fe is not None:
+        summary["overheads"] = overhead_terms(pre.parts.cost)
+    preset = preset_report(scenario)
+    if preset is not None:
+        summary["engine_preset"] = preset
+    kv0 = dec.caches[0]
+    meta = dict(parts.meta, policy=summary["policy"], kv_blocks=kv0.total_blocks, block_size=kv0.block_size,
+                kv_capacity_tokens=kv0.total_blocks * kv0.block_size, replicas=n)
+    prov = provenance(scenario, parts, dec.policies[0], meta, dec.max_len, "python")
+    prov["policy"] = {"prefill": pre.policies[0].config.model_dump(mode="json"),
+                      "decode": dec.policies[0].config.model_dump(mode="json")}
+    prov["disaggregation"] = d.model_dump(mode="json")
+    summary["provenance"] = prov
+    engine = {"steps": len(steps), "engine": "python"}
+    return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
+
+
+def ttft_parts(requests: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Each request's TTFT split (seconds): ``queue`` (arrival at the engine to its prefill's
+    admission), ``prefill`` (to the prompt's last step's end), ``transfer`` (to the KV's arrival at
+    the decode replica: waiting for decode blocks and the link, and the transfer's part not
+    overlapped with the prefill), ``decode_first`` (to the first token: the decode replica's first
+    step with ``first_token: decode``, 0 with ``prefill``). With a frontend, ``frontend_in`` comes
+    first; the parts add up to ``ttft``."""
+    arrival = requests["arrival"].to_numpy(dtype=np.float64)
+    fin = requests["frontend_in_s"].to_numpy(dtype=np.float64) if "frontend_in_s" in requests else np.zeros(len(arrival))
+    adm, pend = requests["admitted"].to_numpy(dtype=np.float64), requests["prefill_end"].to_numpy(dtype=np.float64)
+    xend, first = requests["transfer_end"].to_numpy(dtype=np.float64), requests["first_token"].to_numpy(dtype=np.float64)
+    return {"frontend_in": fin, "queue": adm - (arrival + fin), "prefill": pend - adm, "transfer": xend - pend,
+            "decode_first": first - xend}
+
+
+def _ms_stats(v: np.ndarray) -> dict[str, float | None]:
+    v = v[~np.isnan(v)] * 1000.0
+    out = {"mean_ms": float(v.mean()) if len(v) else None}
+    for p in PERCENTILES:
+        out[f"{'median' if p == 50 else f'p{p}'}_ms"] = float(np.percentile(v, p)) if len(v) else None
+    return out
+
+
+def _report(scenario: Scenario, requests: pd.DataFrame, steps: StepTotals, link: KVLink, pre: _Pool, dec: _Pool,
+            summary: dict, end: float) -> dict:
+    """The deployment's own figures: GPUs, the TTFT split, each pool's utilization, the link's."""
+    m = scenario.measure
+    win = requests[in_window(requests["arrival"].to_numpy(), m.warmup_s, m.cooldown_s)] if len(requests) else requests
+    done = win[win["status"] == COMPLETED]
+    split = ttft_parts(done) if len(done) else {k: np.empty(0) for k in ("frontend_in", *TTFT_PARTS)}
+    pools = {}
+    for p in (pre, dec):
+        u = pool_utilization(steps, p.replicas, end, p.parts.cost.peak_flops, p.parts.cost.peak_bandwidth)
+        u["peak_kv_usage"] = max(c.peak_used / c.total_blocks for c in p.caches)
+        pools[p.name] = {"replicas": p.spec.replicas, "hardware": getattr(p.parts.cost.hardware, "name", p.scenario.hardware),
+                         "tensor_parallel_size": p.scenario.tensor_parallel_size, "gpus": p.spec.replicas * p.scenario.tensor_parallel_size,
+                         "policy": p.policies[0].name, "kv_blocks_per_replica": p.caches[0].total_blocks, **u}
+    wall = max(end, 1e-12)
+    busy_out = [b / wall for b in link.out_busy]
+    busy_in = [b / wall for b in link.in_busy]
+    xfer = (done["transfer_end"] - done["transfer_start"]).to_numpy(dtype=np.float64) if len(done) else np.empty(0)
+    return {
+        "gpus": pools["prefill"]["gpus"] + pools["decode"]["gpus"],
+        "first_token": scenario.disaggregation.first_token,
+        "ttft_split": {k: _ms_stats(v) for k, v in split.items() if k != "frontend_in" or "frontend_in_s" in done},
+        "pools": pools,
+        "link": {"bandwidth_gbps_per_gpu": scenario.disaggregation.link.bandwidth_gbps,
+                 "latency_us": scenario.disaggregation.link.latency_us, "transfer": link.spec.mode,
+                 "transfers": link.transfers, "bytes": link.bytes,
+                 "transfer_time": _ms_stats(xfer),
+                 "utilization_prefill_egress": {"mean": float(np.mean(busy_out)), "max": float(np.max(busy_out))},
+                 "utilization_decode_ingress": {"mean": float(np.mean(busy_in)), "max": float(np.max(busy_in))}},
+    }
+

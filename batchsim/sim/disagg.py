@@ -1,0 +1,308 @@
+"""Disaggregated serving: a prefill pool and a decode pool, the prompt's KV moved between them on a link.
+
+The mechanism, as the engines that ship it run it (docs/disaggregation.md gives each source):
+
+1. A request is routed to a **prefill replica** (the prefill pool's router) and runs there as a
+   request for one output token (vLLM's proxy sends it with ``max_tokens: 1``): the pool's own
+   policy schedules it, with its own KV cache, budget and preemption: the ordinary
+   :class:`~batchsim.sim.engine.Replica`.
+2. When its prompt is computed and that token sampled, the prefill replica hands it off
+   (``Replica.handoff``): its KV **stays allocated there** until the transfer has read it (vLLM's
+   NixlConnector delays freeing the blocks until the decode side's read is done).
+3. The decode pool's router picks a **decode replica** then (vLLM's proxy calls the decode server
+   once the prefill call returns). That replica's blocks for the request are allocated first come
+   first served as they are free (SGLang's ``DecodePreallocQueue``; vLLM's ``WAITING_FOR_REMOTE_KVS``
+   request holds its blocks while the KV arrives): enough for the prompt's KV and the first decode
+   step, so a transferred request can always take that step.
+4. The **link** (:class:`KVLink`) moves ``prompt_tokens x kv_bytes_per_token`` bytes: each replica
+   has ``tensor_parallel_size`` NICs of the link's per-GPU bandwidth, a transfer holds its source's
+   egress and its destination's ingress, first come first served, at the slower of the two, and
+   arrives ``latency_s`` after its last byte leaves. ``per_request``: it starts when the prompt is
+   done and the decode blocks are held (vLLM's NIXL read). ``per_layer``: a layer's KV leaves as the
+   layer finishes, so the transfer can start when the prompt's last prefill step does and ends one
+   layer's worth after the prefill at the earliest (Splitwise; SGLang sends each chunk's KV as it
+   is computed). The prefill replica's blocks are freed at the transfer's end.
+5. The request joins the decode replica's waiting queue holding its KV, and that pool's policy
+   runs it like any other. ``first_token: prefill`` (SGLang): the token sampled on the prefill
+   replica travels with the KV and reaches the client when the transfer ends, so TTFT = queue +
+   prefill + transfer; the decode replica continues from the second token. ``first_token: decode``
+   (vLLM's NixlConnector): the decode replica recomputes the last prompt token (its
+   ``num_computed_tokens`` is the prompt less one) and samples the first token itself.
+
+A preempted request on the decode pool recomputes there (both engines). KV is held on the prefill
+side from admission to the transfer's end, on the decode side from allocation to completion.
+The compiled core has no transfer: a disaggregated scenario runs on this SimPy engine, and the run
+says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import simpy
+
+from batchsim.sim.engine import Cluster, Replica, over_kv, queue_full, too_long
+from batchsim.sim.kv import blocks_for_tokens
+from batchsim.sim.state import COMPLETED, REJECTED, Seq
+from batchsim.sim.types import Workload
+
+__all__ = ["LinkSpec", "KVLink", "DisaggCluster", "TRANSFER_MODES", "FIRST_TOKEN", "TRANSFER_COLUMNS"]
+
+TRANSFER_MODES = ("per_request", "per_layer")
+FIRST_TOKEN = ("prefill", "decode")
+
+# The per-request columns a disaggregated run adds (seconds; NaN where the request never got there)
+TRANSFER_COLUMNS = ("prefill_replica", "prefill_admitted", "prefill_end", "transfer_start", "transfer_end",
+                    "decode_admitted", "kv_transfer_bytes")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """The KV-transfer link: ``bandwidth`` bytes/s per GPU (each GPU its own NIC), ``latency_s``
+    per transfer, ``mode`` per_request | per_layer, ``layers`` (per_layer: the model's)."""
+
+    bandwidth: float
+    latency_s: float
+    mode: str = "per_request"
+    layers: int = 1
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError(f"link bandwidth must be positive, got {self.bandwidth}")
+        if self.latency_s < 0 or self.mode not in TRANSFER_MODES or self.layers < 1:
+            raise ValueError(f"bad link: latency {self.latency_s}, mode {self.mode!r}, layers {self.layers}")
+
+
+class KVLink:
+    """Each replica's NICs as one first-come-first-served endpoint: the prefill replicas' egress,
+    the decode replicas' ingress. Busy time per endpoint is kept for the link's utilization."""
+
+    def __init__(self, spec: LinkSpec, prefill_gpus: Sequence[int], decode_gpus: Sequence[int]) -> None:
+        self.spec = spec
+        self.out_bw = [spec.bandwidth * g for g in prefill_gpus]
+        self.in_bw = [spec.bandwidth * g for g in decode_gpus]
+        self.out_free = [-math.inf] * len(prefill_gpus)
+        self.in_free = [-math.inf] * len(decode_gpus)
+        self.out_busy = [0.0] * len(prefill_gpus)
+        self.in_busy = [0.0] * len(decode_gpus)
+        self.transfers = 0
+        self.bytes = 0.0
+
+    def transfer(self, src: int, dst: int, nbytes: float, ready: float,
+                 overlap: tuple[float, float] | None = None) -> tuple[float, float]:
+        """Book a transfer of ``nbytes`` from prefill replica ``src`` to decode replica ``dst``, the
+        KV ready to send at ``ready``; ``overlap`` (per_layer: the prompt's last prefill step's
+        start and end) lets it start with that step. Returns (start, arrival)."""
+        spec = self.spec
+        wire = nbytes / min(self.out_bw[src], self.in_bw[dst])
+        free = max(self.out_free[src], self.in_free[dst])
+        if overlap is not None and spec.mode == "per_layer":
+            begin, end = overlap
+            start = max(begin, free)
+            # (layer l's KV leaves once layer l is computed: the last layer's after the step ends)
+            done = max(start + wire, end + wire / spec.layers)
+        else:
+            start = max(ready, free)
+            done = start + wire
+        self.out_free[src] = self.in_free[dst] = done
+        self.out_busy[src] += done - start
+        self.in_busy[dst] += done - start
+        self.transfers += 1
+        self.bytes += nbytes
+        return start, done + spec.latency_s
+
+
+class _Pool:
+    """A decode replica as its pool's router sees it: its load counts the requests routed to it that
+    are still on their way (waiting for blocks or on the link), and ``index`` is its place in the pool."""
+
+    __slots__ = ("replica", "index", "inbound")
+
+    def __init__(self, replica: Replica, index: int) -> None:
+        self.replica, self.index, self.inbound = replica, index, 0
+
+    @property
+    def outstanding(self) -> int:
+        return self.replica.outstanding + self.inbound
+
+    @property
+    def kv(self):
+        return self.replica.kv
+
+    @property
+    def waiting(self):
+        return self.replica.waiting
+
+
+class DisaggCluster(Cluster):
+    """Prefill replicas (``replicas``, behind ``route``) and decode replicas (``decode``, behind
+    ``decode_route``), with ``link`` between them; ``kv_bytes_per_token`` of the model; ``first_token``
+    prefill | decode (module docstring). Arrivals, closed-loop clients and queue limits are the
+    colocated :class:`~batchsim.sim.engine.Cluster`'s, on the prefill pool."""
+
+    def __init__(self, env: simpy.Environment, replicas: Sequence[Replica], route: Callable,
+                 decode: Sequence[Replica], decode_route: Callable, link: KVLink, workload: Workload,
+                 kv_bytes_per_token: float, first_token: str = "prefill", max_queue_len: int | None = None) -> None:
+        if first_token not in FIRST_TOKEN:
+            raise ValueError(f"first_token must be one of {FIRST_TOKEN}, got {first_token!r}")
+        self.decode = list(decode)
+        self.decode_route, self.link = decode_route, link
+        self.kv_bytes_per_token, self.first_token = float(kv_bytes_per_token), first_token
+        self._pools = [_Pool(r, i) for i, r in enumerate(self.decode)]
+        self._prefill_pos = {r.index: i for i, r in enumerate(replicas)}
+        n = len(workload)
+        self.seq: dict[int, Seq] = {}  # rid -> the request's record, while it is on its way
+        self.alloc: list[deque] = [deque() for _ in self.decode]  # (waiting for decode blocks)
+        self.in_transit: set[int] = set()
+        self.flying = [0] * len(self.decode)  # transfers on the link to each decode replica
+        self.col = {c: np.full(n, np.nan) for c in TRANSFER_COLUMNS}
+        self.col["prefill_replica"] = np.full(n, -1, dtype=np.int64)
+        self._dlimit = [(r.max_model_len, r.kv.total_blocks, r.kv.block_size) for r in self.decode]
+        super().__init__(env, replicas, route, workload, max_queue_len)
+        for r in replicas:
+            r.handoff = self._handoff
+            r.on_done = self._prefill_ended
+        for r in self.decode:
+            r.after_plan = self._admit_transfers
+            r.on_done = self._end if workload.closed is not None else None
+
+    # -- arrival: the request and its prefill ---------------------------------------------------
+    def _send(self, rid: int, t: float) -> Seq:
+        w = self.workload
+        hashes = w.prefix_hashes
+        prompt, output = self._prompt[rid], self._output[rid]
+        seq = Seq(rid, t, prompt, output, hashes[rid] if hashes is not None else None)
+        self.requests.append(seq)
+        pos = self.route(self.replicas, seq)
+        replica = self.replicas[pos]
+        seq.replica = replica.index
+        self.col["prefill_replica"][rid] = replica.index
+        # (what the decode pool can never hold is refused at once, in the engine's words)
+        total = prompt + output
+        max_len = min(m for m, _, _ in self._dlimit)
+        if total > max_len:
+            return self._refuse(seq, replica, too_long(total, max_len))
+        blocks, size = min((b * s, b, s) for _, b, s in self._dlimit)[1:]
+        if blocks_for_tokens(total, size) > blocks:
+            return self._refuse(seq, replica, over_kv(total, blocks * size))
+        if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
+            return self._refuse(seq, replica, queue_full(self.max_queue_len))
+        self.seq[rid] = seq
+        # (the prefill pool runs it as a request for one token, as vLLM's proxy sends it)
+        replica.enqueue(Seq(rid, t, prompt, 1, seq.prefix_hashes))
+        return seq
+
+    def _refuse(self, seq: Seq, replica: Replica, reason: str) -> Seq:
+        seq.status, seq.reason = REJECTED, reason
+        if self.workload.closed is not None:
+            self._end(seq)
+        return seq
+
+    def _prefill_ended(self, pf: Seq) -> None:
+        """A prefill-side sequence ended: a rejection ends its request; a completion is handed off."""
+        if pf.status != REJECTED:
+            return
+        seq = self.seq.pop(pf.rid)
+        seq.status, seq.reason, seq.replica = REJECTED, pf.reason, pf.replica
+        seq.num_preemptions += pf.num_preemptions
+        if self.workload.closed is not None:
+            self._end(seq)
+
+    # -- prefill done: to a decode replica ------------------------------------------------------
+    def _handoff(self, pf: Seq) -> None:
+        now, rid = self.env.now, pf.rid
+        seq = self.seq[rid]
+        seq.num_preemptions += pf.num_preemptions
+        col = self.col
+        col["prefill_admitted"][rid] = pf.admitted
+        col["prefill_end"][rid] = now
+        src = self.replicas[self._prefill_pos[pf.replica]]
+        pos = self.decode_route(self._pools, seq)
+        pool = self._pools[pos]
+        pool.inbound += 1
+        self.in_transit.add(rid)
+        # the decode step after the transfer holds the prompt's KV and one token more (first_token: decode
+        # recomputes the last prompt token: the prompt's)
+        hold = seq.prompt_tokens + (1 if self.first_token == "prefill" else 0)
+        if getattr(getattr(pool.replica.policy, "config", None), "admission", "") == "completion":
+            hold = seq.prompt_tokens + seq.output_tokens  # (a reservation to completion is taken whole)
+        self.alloc[pos].append((seq, src, hold, src.step_start, now))
+        self._admit_transfers(pool.replica)
+
+    def _admit_transfers(self, replica: Replica) -> None:
+        """Take decode blocks for the waiting transfers, first come first served, as they are free."""
+        pos = replica.index - self.decode[0].index
+        queue = self.alloc[pos]
+        kv, now = replica.kv, self.env.now
+        while queue:
+            seq, src, hold, step_start, prefill_end = queue[0]
+            if kv.blocks_needed(seq, hold) > kv.free_blocks:
+                return
+            queue.popleft()
+            kv.grow(seq.rid, hold)
+            nbytes = seq.prompt_tokens * self.kv_bytes_per_token
+            # (per_layer overlaps the prefill only if the blocks were free when it ended)
+            overlap = (step_start, prefill_end) if now == prefill_end else None
+            start, end = self.link.transfer(self._prefill_pos[src.index], pos, nbytes, now, overlap)
+            self.col["transfer_start"][seq.rid] = start
+            self.col["kv_transfer_bytes"][seq.rid] = nbytes
+            self.flying[pos] += 1
+            self.env.process(self._arrive(seq, src, replica, end, hold))
+
+    def _arrive(self, seq: Seq, src: Replica, dst: Replica, end: float, hold: int):
+        if end > self.env.now:
+            yield self.env.timeout(end - self.env.now)
+        end = self.env.now  # (the clock's own sum, which every later stamp is compared with)
+        rid = seq.rid
+        src.release_kv(rid)  # (the decode side has read it)
+        self.in_transit.discard(rid)
+        self.col["transfer_end"][rid] = end
+        pos = dst.index - self.decode[0].index
+        self._pools[pos].inbound -= 1
+        self.flying[pos] -= 1
+        self.seq.pop(rid)
+        p = seq.prompt_tokens
+        if self.first_token == "prefill":  # (the prefill's token arrives with the KV: SGLang)
+            seq.num_computed, seq.num_tokens, seq.num_generated = p, p + 1, 1
+            seq.first_token = seq.last_token = end
+            if seq.output_tokens <= 1:
+                seq.finished, seq.status, seq.completion, seq.replica = True, COMPLETED, end, dst.index
+                dst.release_kv(rid)  # (and wake it: a request there may be waiting for these blocks)
+                if dst.on_done is not None:
+                    dst.on_done(seq)
+                self._admit_transfers(dst)
+                return
+        else:  # (the decode side recomputes the last prompt token and samples the first: vLLM)
+            seq.num_computed = p - 1
+        dst.enqueue(seq)  # (holding its KV: the policy admits it as any waiting request)
+
+    # -- records --------------------------------------------------------------------------------
+    def held(self) -> set[int]:
+        """The rids a replica or the link still holds (every unfinished request is one of them)."""
+        out = set(self.in_transit)
+        for r in (*self.replicas, *self.decode):
+            out.update(r.seqs)
+        return out
+
+    def stalled(self) -> list[int]:
+        """Decode replicas that can never move again: nothing running, requests waiting, none of
+        them admissible, and no transfer on the link to it (one waiting for its blocks cannot get
+        them: nothing will free any). It happens when the KV is held by transferred
+        requests queued behind a preempted one that cannot get its blocks back: a first-come-first-
+        served queue (vLLM's scheduler breaks at the first request it cannot allocate) stops at its
+        head, and the transferred requests' blocks are never freed."""
+        return [r.index for r, n in zip(self.decode, self.flying)
+                if not r.running and r.waiting and not n and r._wake is not None]
+
+    def transfer_columns(self, requests) -> dict[str, np.ndarray]:
+        """The :data:`TRANSFER_COLUMNS` for the request records (rows in ``requests['rid']`` order);
+        ``decode_admitted`` from each record's ``admitted``, which the decode replica set."""
+        rid = requests["rid"].to_numpy(dtype=np.int64)
+        out = {c: self.col[c][rid] for c in TRANSFER_COLUMNS}
+        out["decode_admitted"] = requests["admitted"].to_numpy(dtype=np.float64)
+        return out
+

@@ -1,0 +1,242 @@
+"""Disaggregated serving (batchsim.sim.disagg): hand-worked timelines, properties, and the scenario path."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings, strategies as st
+
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import run_scenario
+from batchsim.policies import create_policy
+from batchsim.sim.aggregate import StepTotals
+from batchsim.sim.disagg import DisaggCluster, KVLink, LinkSpec
+from batchsim.sim.engine import Replica
+from batchsim.sim.errors import InputError
+from batchsim.sim.itl import TokenSteps
+from batchsim.sim.kv import PagedKVCache
+from batchsim.sim.records import FrameSteps, StepStream, request_frame
+from batchsim.sim.router import make_router
+
+from tests.cli_helpers import run_cli
+from tests.engine_helpers import ConstantCost, workload
+
+
+def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_request", layers=2,
+               first_token="prefill", kv_bytes=10.0, prefill_blocks=1000, decode_blocks=1000, block_size=16,
+               decode_policy=None, horizon=None, cost=None):
+    """The engine alone: constant-time steps, a link of ``bandwidth`` bytes/s per GPU."""
+    from batchsim.app.runner import _itl_records
+
+    env = simpy.Environment()
+    frame = FrameSteps()
+    totals = StepTotals(prefill + decode)
+    steps = StepStream(totals, frame)
+    cost = cost or ConstantCost(1.0)
+    pre = [Replica(env, i, create_policy({"name": "continuous"}), cost, PagedKVCache(prefill_blocks, block_size),
+                   100_000, steps, TokenSteps()) for i in range(prefill)]
+    dec = [Replica(env, prefill + j, create_policy(decode_policy or {"name": "continuous"}), cost,
+                   PagedKVCache(decode_blocks, block_size), 100_000, steps, TokenSteps()) for j in range(decode)]
+    link = KVLink(LinkSpec(bandwidth, latency, mode, layers), [1] * prefill, [1] * decode)
+    rng = np.random.default_rng(0)
+    cluster = DisaggCluster(env, pre, make_router("round_robin", rng), dec, make_router("round_robin", rng),
+                            link, wl, kv_bytes, first_token)
+    env.run(until=horizon)
+    steps.close()
+    req = request_frame(cluster.requests)
+    cols = cluster.transfer_columns(req)
+    req["decode_admitted"] = req["admitted"]
+    for c, v in cols.items():
+        req[c] = v
+    itl = _itl_records(pre + dec, cluster.requests, len(wl)).frame()
+    return req.set_index("rid"), frame.frame(), itl, cluster
+
+
+TWO = dict(arrivals=[0.0, 0.5], prompts=[10, 25], outputs=[3, 2])
+
+
+def test_two_requests_first_token_on_prefill():
+    """Worked by hand (1 s steps, 10 B/token over 100 B/s, 0.5 s latency):
+    r0: prefill [0,1]; transfer 100 B [1,2] + 0.5 -> 2.5 (its first token); decodes end 3.5, 4.5.
+    r1 (at 0.5): prefill [1,2]; transfer 250 B [2,4.5] (the egress is free at 2) + 0.5 -> 5.0;
+    decode replica idle from 4.5, so its second token is at 6.0."""
+    req, steps, itl, cluster = run_disagg(workload(**TWO))
+    r0, r1 = req.loc[0], req.loc[1]
+    assert (r0.prefill_admitted, r0.prefill_end, r0.transfer_start, r0.transfer_end) == (0, 1, 1, 2.5)
+    assert (r0.first_token, r0.completion, r0.ttft, r0.decode_admitted) == (2.5, 4.5, 2.5, 2.5)
+    assert (r1.prefill_admitted, r1.prefill_end, r1.transfer_start, r1.transfer_end) == (1, 2, 2, 5.0)
+    assert (r1.first_token, r1.completion, r1.ttft) == (5.0, 6.0, 4.5)
+    assert list(req.kv_transfer_bytes) == [100.0, 250.0]
+    assert list(req.replica) == [1, 1] and list(req.prefill_replica) == [0, 0]
+    assert sorted(itl["gap"].tolist()) == [1.0, 1.0, 1.0]
+    # prefill steps on replica 0 (the step ending at 2 still holds r0's block: its transfer ends at 2.5)
+    pre = steps[steps.replica == 0]
+    assert list(zip(pre.start, pre.end)) == [(0, 1), (1, 2)]
+    assert list(pre.kv_used_blocks) == [1, 3]
+    dec = steps[steps.replica == 1]
+    assert list(zip(dec.start, dec.end)) == [(2.5, 3.5), (3.5, 4.5), (5.0, 6.0)]
+    assert list(dec.decode_tokens) == [1, 1, 1]
+    assert cluster.link.transfers == 2 and cluster.link.bytes == 350.0
+    assert cluster.link.out_busy == [3.5]
+    for r in cluster.replicas + cluster.decode:  # every block given back
+        assert r.kv.used_blocks == 0
+
+
+def test_two_requests_first_token_on_decode():
+    """vLLM's NIXL way: the decode replica recomputes the last prompt token and samples the first:
+    r0 arrives 2.5, tokens at 3.5, 4.5, 5.5; r1 arrives 5.0 while that step runs, tokens at 6.5, 7.5."""
+    req, steps, itl, _ = run_disagg(workload(**TWO), first_token="decode")
+    r0, r1 = req.loc[0], req.loc[1]
+    assert (r0.transfer_end, r0.first_token, r0.completion) == (2.5, 3.5, 5.5)
+    assert (r1.transfer_end, r1.first_token, r1.completion) == (5.0, 6.5, 7.5)
+    dec = steps[steps.replica == 1]
+    # the first decode-side step of each is one token over the prompt less one: a decode's shape
+    assert list(dec.decode_tokens) == [1, 1, 1, 1, 1] and list(dec.num_seqs) == [1, 1, 1, 1, 1]
+
+
+def test_two_requests_per_layer_overlap():
+    """per_layer (2 layers): r0's transfer starts with its prefill step at 0 and ends at
+    max(0 + 1, 1 + 1/2) = 1.5, arriving 2.0; r1's starts when the egress frees at 1.5 and ends at
+    max(1.5 + 2.5, 2 + 2.5/2) = 4.0, arriving 4.5."""
+    req, *_ = run_disagg(workload(**TWO), mode="per_layer")
+    assert (req.loc[0].transfer_start, req.loc[0].transfer_end) == (0.0, 2.0)
+    assert (req.loc[1].transfer_start, req.loc[1].transfer_end) == (1.5, 4.5)
+
+
+def test_decode_blocks_wait_first_come_first_served():
+    """A decode replica with room for one request's blocks: the second transfer waits for the first
+    request to complete (blocks held from allocation to completion), then starts."""
+    wl = workload([0.0, 0.0], [20, 20], [2, 2])
+    req, steps, _, _ = run_disagg(wl, decode_blocks=2, block_size=16, bandwidth=1e9, latency=0.0)
+    r0, r1 = req.loc[0], req.loc[1]
+    # both prefill in one step [0,1]; r0 gets the two blocks, r1 waits until r0 completes
+    assert r0.transfer_start == 1.0 and r1.transfer_start == r0.completion
+    assert r1.first_token >= r0.completion
+
+
+def test_a_stalled_decode_replica_is_found():
+    """r0's growth preempts it while r1's 11 blocks are held; back in the queue, r0 (at its head)
+    needs 10 blocks and 9 are free, and r1 waits behind it holding the rest: nothing can move."""
+    wl = workload([0.0, 0.0], [129, 161], [17, 1])
+    req, _, _, cluster = run_disagg(wl, decode_blocks=20, first_token="decode", bandwidth=500.0, latency=0.1,
+                                    cost=ConstantCost(0.2, per_token=0.001))
+    assert cluster.stalled() == [1]
+    assert (req.status == "unfinished").all() and req.loc[0].preemptions == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25),
+       st.sampled_from(["prefill", "decode"]), st.sampled_from(["per_request", "per_layer"]),
+       st.integers(1, 3), st.integers(1, 3), st.integers(3, 60))
+def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks):
+    """Every completed request's KV crosses the link once, no request decodes before its transfer
+    ends, and every request is accounted for across the pools."""
+    reqs = sorted(reqs)
+    wl = workload([r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs])
+    req, steps, itl, cluster = run_disagg(wl, prefill=n_pre, decode=n_dec, mode=mode, first_token=first_token,
+                                          decode_blocks=decode_blocks, bandwidth=500.0, latency=0.1,
+                                          cost=ConstantCost(0.2, per_token=0.001))
+    assert len(req) == len(reqs)  # conservation: every arrival has a record
+    done = req[req.status == "completed"]
+    rejected = req[req.status == "rejected"]
+    unfinished = req[req.status == "unfinished"]
+    # no horizon: nothing is left unfinished unless a decode replica stalled (its KV held by transferred
+    # requests queued behind a preempted one, as vLLM's FCFS queue would: DisaggCluster.stalled)
+    assert len(done) + len(rejected) + len(unfinished) == len(req)
+    assert bool(len(unfinished)) == bool(cluster.stalled())
+    if len(unfinished):
+        return
+    # every request the decode pool can hold is served; those it cannot are refused at arrival
+    cap = decode_blocks * 16
+    assert all(rejected.prompt_tokens + rejected.output_tokens > cap)
+    assert cluster.link.transfers == len(done)
+    assert cluster.link.bytes == pytest.approx(float((done.prompt_tokens * 10.0).sum()))
+    assert np.allclose(done.kv_transfer_bytes, done.prompt_tokens * 10.0)
+    assert (done.transfer_end >= done.prefill_end).all()
+    adm = done.decode_admitted  # (none for one output token sent with the KV: first_token prefill)
+    assert ((adm >= done.transfer_end) | (adm.isna() & (done.output_tokens == 1) & (first_token == "prefill"))).all()
+    assert (done.first_token >= done.transfer_end).all()
+    if first_token == "decode":
+        assert (done.first_token > done.transfer_end).all()
+    multi = done[done.output_tokens > 1]
+    assert (multi.last_token > multi.transfer_end).all()
+    # gaps: one per token after the first, of completed requests
+    assert len(itl) == int((done.output_tokens - 1).sum())
+    for r in cluster.replicas + cluster.decode:
+        assert r.kv.used_blocks == 0 and not r.seqs
+    assert not cluster.in_transit and not any(cluster.alloc)
+    # decode-pool steps never hold a request before its KV arrived
+    dec_steps = steps[steps.replica >= n_pre]
+    if len(dec_steps) and len(done):
+        assert dec_steps.start.min() >= done.transfer_end.min() - 1e-12
+
+
+SCENARIO = {
+    "name": "disagg", "model": "llama-3-8b", "hardware": "h100-sxm", "policy": {"name": "continuous"},
+    "workload": {"num_requests": 60, "arrival": {"process": "poisson", "rate": 8},
+                 "prompt_tokens": {"dist": "fixed", "value": 3000}, "output_tokens": {"dist": "fixed", "value": 40}},
+    "disaggregation": {"prefill": {"replicas": 1, "policy": {"name": "chunked_prefill"}},
+                       "decode": {"replicas": 2, "router": "least_outstanding"}},
+}
+
+
+def test_scenario_run_reports_pools_link_and_split():
+    res = run_scenario(scenario_from_dict(SCENARIO))
+    s = res.summary
+    assert s["completed"] == 60 and s["engine"] == "python" and "KV transfer" in s["engine_reason"]
+    d = s["disaggregation"]
+    assert d["gpus"] == 3 and d["pools"]["decode"]["replicas"] == 2
+    # Llama-3-8B KV: 2 x 32 layers x 8 heads x 128 x 2 bytes = 131072 B per token
+    assert d["link"]["bytes"] == 60 * 3000 * 131072
+    assert d["link"]["transfer_time"]["median_ms"] == pytest.approx(3000 * 131072 / 50e9 * 1e3 + 0.01)
+    r = res.requests
+    parts = (r.frontend_in_s if "frontend_in_s" in r else 0) + (r.admitted - r.arrival) + (r.prefill_end - r.admitted) \
+        + (r.transfer_end - r.prefill_end) + (r.first_token - r.transfer_end)
+    assert np.allclose(parts, r.ttft)
+    assert set(r.replica) <= {1, 2} and set(r.prefill_replica) == {0}
+    assert s["provenance"]["disaggregation"]["decode"]["replicas"] == 2
+    assert set(s["provenance"]["policy"]) == {"prefill", "decode"}
+    # deterministic
+    again = run_scenario(scenario_from_dict(SCENARIO))
+    assert json.dumps(again.summary, sort_keys=True) == json.dumps(s, sort_keys=True)
+
+
+def test_heterogeneous_pools_price_each_on_its_hardware():
+    sc = dict(SCENARIO, disaggregation={"prefill": {"hardware": "h100-sxm"},
+                                        "decode": {"hardware": "a100-80gb", "tensor_parallel_size": 2}})
+    s = run_scenario(scenario_from_dict(sc)).summary
+    pools = s["disaggregation"]["pools"]
+    assert pools["decode"]["hardware"] != pools["prefill"]["hardware"]
+    assert s["disaggregation"]["gpus"] == 3
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"replicas": 2}, "replicas is for a colocated deployment"),
+    ({"disaggregation": {"decode": {"policy": {"name": "static"}}}}, "disaggregation.decode.policy.name"),
+    ({"disaggregation": {"decode": {"policy": {"name": "continuous", "max_num_seqs": 0}}}},
+     "disaggregation.decode.policy.max_num_seqs"),
+    ({"disaggregation": {"link": {"bandwidth_gbps": 0}}}, "disaggregation.link.bandwidth_gbps"),
+    ({"engine": "core"}, "engine"),
+])
+def test_bad_disaggregation_input_names_the_field(change, where):
+    sc = {**SCENARIO, **change}
+    with pytest.raises(InputError) as e:
+        run_scenario(scenario_from_dict(sc, "s.yaml"))
+    assert where in str(e.value)
+
+
+def test_cli_run_of_the_example(tmp_path, capsys, monkeypatch):
+    from batchsim.app.examples import examples_dir
+
+    out = tmp_path / "out"
+    code, text, err = run_cli(capsys, monkeypatch, "run", str(examples_dir() / "disagg-1p1d.yaml"), "--out", str(out),
+                              columns=200)
+    assert code == 0, err
+    assert "1P h100-sxm TP1 + 1D h100-sxm TP1" in text and "KV link busy" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["disaggregation"]["link"]["transfers"] == summary["completed"]
+    assert math.isfinite(summary["median_ttft_ms"])
