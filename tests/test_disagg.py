@@ -240,3 +240,59 @@ def test_cli_run_of_the_example(tmp_path, capsys, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["disaggregation"]["link"]["transfers"] == summary["completed"]
     assert math.isfinite(summary["median_ttft_ms"])
+
+
+# -- plan over xPyD ----------------------------------------------------------------------------------
+def test_parse_deployments():
+    from batchsim.app.capacity.grid import parse_deployments
+
+    assert parse_deployments("colocated, 1P1D,1p2d ,2:1,1P1D") == ("colocated", (1, 1), (1, 2), (2, 1))
+    for bad in ("1P", "PD", "0P1D", "1x2", "2"):
+        with pytest.raises(InputError) as e:
+            parse_deployments(bad)
+        assert "--disagg" in str(e.value)
+
+
+def test_deployment_configs_price_their_pools():
+    from batchsim.app.capacity.grid import build_configs
+    from batchsim.app.capacity.planner import unit_price
+
+    sc = scenario_from_dict({**SCENARIO, "disaggregation": {"decode": {"hardware": "a100-80gb",
+                                                                       "policy": {"name": "continuous"}}}})
+    configs = build_configs(sc, policies=("continuous", "chunked_prefill"),
+                            deployments=("colocated", (1, 2), (2, 1)))
+    labels = [c.label for c in configs]
+    assert labels == ["h100-sxm tp1 continuous", "h100-sxm tp1 chunked_prefill", "h100-sxm tp1 1P2D",
+                      "h100-sxm tp1 2P1D"]
+    colo, _, d12, d21 = configs
+    assert "disaggregation" not in colo.scenario and colo.gpus == 1 and colo.deployment == "colocated"
+    assert d12.pools == (("h100-sxm", 1), ("a100-80gb", 2)) and d12.gpus == 3 and d12.deployment == "1P2D"
+    assert d21.scenario["disaggregation"]["prefill"]["replicas"] == 2 and "replicas" not in d21.scenario
+    assert unit_price(d12, {"h100-sxm": 3.0, "a100-80gb": 1.5}) == pytest.approx((3.0 + 2 * 1.5) / 3)
+    assert d12.policy == "continuous/continuous"
+    # a pool's hardware as a knob: the deployments get each value, the colocated configurations none
+    configs = build_configs(sc, deployments=("colocated", (1, 1)),
+                            knobs=(("disaggregation.decode.hardware", ("h100-sxm", "a100-80gb")),))
+    assert [c.label for c in configs] == ["h100-sxm tp1 continuous",
+                                          "h100-sxm tp1 1P1D disaggregation.decode.hardware=h100-sxm",
+                                          "h100-sxm tp1 1P1D disaggregation.decode.hardware=a100-80gb"]
+    assert configs[2].pools == (("h100-sxm", 1), ("a100-80gb", 1))
+
+
+def test_plan_compares_colocated_and_disaggregated(tmp_path):
+    from batchsim.app.capacity.planner import PlanSpec, plan
+
+    sc = scenario_from_dict({**SCENARIO, "workload": {**SCENARIO["workload"], "num_requests": 120}})
+    spec = PlanSpec(slos={"p90_ttft_ms": 800.0, "p90_tpot_ms": 30.0}, deployments=("colocated", (1, 1), (2, 1)),
+                    target_rate=20.0, seeds=1)
+    res = plan(sc, spec, tmp_path / "plan", executor="serial")
+    f = res.frame.set_index("config")
+    assert list(f["deployment"].sort_index()) == ["1P1D", "2P1D", "colocated"]
+    # (SCENARIO's decode pool has 2 replicas: 1P1D overrides it)
+    assert f.loc["h100-sxm tp1 1P1D", "gpus_per_unit"] == 2
+    assert f.loc["h100-sxm tp1 2P1D", "gpus_per_unit"] == 3 and f.loc["h100-sxm tp1 continuous", "gpus_per_unit"] == 1
+    for _, r in f.iterrows():
+        if r["capacity_rps"] > 0:
+            assert r["capacity_rps_per_gpu"] == pytest.approx(r["capacity_rps"] / r["gpus_per_unit"])
+            assert r["gpus"] == r["replicas"] * r["gpus_per_unit"]
+            assert r["usd_per_hour"] == pytest.approx(r["gpus"] * r["usd_per_gpu_hour"])

@@ -44,19 +44,23 @@ def _metric_label(key: str) -> str:
 
 
 def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | None,
-                 rejections: bool = False, intervals: bool = False) -> list[Column]:
+                 rejections: bool = False, intervals: bool = False, per_gpu: bool = False) -> list[Column]:
     """The table's columns: config, capacity, each SLO metric at capacity, fleet and cost
     (and the requests rejected at capacity, when ``--allow-rejections`` let them through).
     With ``intervals`` (points pooled over seeds) the capacity is the low end of its 95%
-    interval, the interval and estimate follow it, and each metric shows mean ± half-width."""
+    interval, the interval and estimate follow it, and each metric shows mean ± half-width. With
+    ``per_gpu`` (a plan with disaggregated deployments, whose units differ in GPUs) the capacity
+    per GPU follows it."""
     cols = [Column("configuration", "config", "text"), Column("status", "status", "text")]
     if intervals:
-        cols += [Column("capacity (req/s per replica, 95% low end)", "capacity_rps", "f2"),
+        cols += [Column("capacity (req/s per unit, 95% low end)", "capacity_rps", "f2"),
                  Column("capacity 95% interval (estimate)", "capacity_interval", "text"),
                  Column("seeds at capacity", "seeds", "int")]
     else:
-        cols += [Column("capacity (req/s per replica)", "capacity_rps", "f2")]
-    cols += [Column("output tok/s per replica", "output_tok_s", "f0")]
+        cols += [Column("capacity (req/s per unit)", "capacity_rps", "f2")]
+    if per_gpu:
+        cols += [Column("req/s per GPU", "capacity_rps_per_gpu", "f2")]
+    cols += [Column("output tok/s per unit", "output_tok_s", "f0")]
     if rejections:
         cols += [Column("rejected at capacity", "rejected", "int")]
     metrics = dict.fromkeys([*slos, pareto_metric])
@@ -162,7 +166,7 @@ def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric
                    "and faster).")
         sections.append(("Pareto front: cost vs latency", figure_html(png, "Pareto front of cost vs latency",
                                                                         caption)))
-    cols = plan_columns(slos, metric, target_rate, rejections, intervals)
+    cols = plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame))
     sections.append(("Configurations (sorted by cost; click a header to sort)",
                      table_html(rows, cols, "plan-table")))
     sections.append(("How to read this", notes_html(_notes(target_rate, intervals))))
@@ -183,7 +187,8 @@ def _notes(target_rate: float | None, intervals: bool = False) -> list[str]:
         if intervals else
         ["One seed per point: the capacity has no interval (plan with --seeds 3 or more for one)."])
     return [*seeds,
-        "Capacity is the highest arrival rate per replica whose simulation met every SLO, with no request "
+        "A unit is one replica (colocated) or one xPyD deployment (x prefill and y decode replicas, "
+        "docs/disaggregation.md). Capacity is the highest arrival rate per unit whose simulation met every SLO, with no request "
         "rejected (unless --allow-rejections) or unfinished, at least 99% completed, and enough completed "
         "requests in the measured window to judge a p99 (--min-requests); it is within the search tolerance "
         "of the true limit.",
@@ -209,6 +214,11 @@ def write_plan_report(out_dir: str | Path, frame: pd.DataFrame, info: ReportInfo
     return path
 
 
+def disaggregated(frame: pd.DataFrame) -> bool:
+    """Whether a plan has disaggregated deployments (batchsim.app.capacity.grid.COLOCATED is the rest)."""
+    return "deployment" in frame and bool((frame["deployment"] != "colocated").any())
+
+
 def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_rate: float | None,
                   title: str | None = None, rejections: bool = False,
                   intervals: bool | None = None) -> "PlanTable":
@@ -218,7 +228,7 @@ def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_
     never wrapped or cut (``38603.9`` stays whole at 100 columns).
     """
     intervals = has_intervals(frame) if intervals is None else intervals
-    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, intervals)
+    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame))
             if c.key != "limit_rps"]
     cells = [[format_cell(r, c)[0] for c in cols] for r in _display_rows(frame)]
     return PlanTable(cols, cells, title)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -22,7 +23,10 @@ import yaml
 from batchsim.app.config import Scenario, apply_overrides, scenario_from_dict
 from batchsim.sim.errors import InputError
 
-__all__ = ["PlanConfig", "parse_names", "parse_tps", "parse_knobs", "build_configs", "knob_label"]
+__all__ = ["PlanConfig", "parse_names", "parse_tps", "parse_knobs", "parse_deployments", "build_configs", "knob_label",
+           "COLOCATED"]
+
+COLOCATED = "colocated"
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,15 @@ class PlanConfig:
     policy: str
     knobs: tuple[tuple[str, Any], ...]
     scenario: dict
+    # a disaggregated deployment: (hardware, GPUs) of its prefill and decode pools, what one unit
+    # of it costs; empty for a colocated replica (``tp`` GPUs of ``hardware``)
+    pools: tuple[tuple[str, int], ...] = ()
+    deployment: str = COLOCATED  # colocated, or xPyD
+
+    @property
+    def gpus(self) -> int:
+        """GPUs in one unit: a colocated replica's ``tp``, or the deployment's pools'."""
+        return sum(g for _, g in self.pools) if self.pools else self.tp
 
 
 def parse_names(text: str | Sequence[str] | None, option: str) -> tuple[str, ...]:
@@ -82,6 +95,24 @@ def parse_knobs(items: Sequence[str] | None) -> tuple[tuple[str, tuple[Any, ...]
     return tuple(out.items())
 
 
+def parse_deployments(text: str | Sequence[str] | None) -> tuple[str | tuple[int, int], ...]:
+    """``"colocated,1P1D,1P2D"`` -> ``("colocated", (1, 1), (1, 2))``: xPyD is x prefill and y decode
+    replicas (also written ``x:y``)."""
+    out: list[str | tuple[int, int]] = []
+    for name in parse_names(text, "--disagg"):
+        if name.lower() == COLOCATED:
+            out.append(COLOCATED)
+            continue
+        m = re.fullmatch(r"\s*(\d+)\s*[pP:]\s*(\d+)\s*[dD]?\s*", name)
+        if not m or (name.count(":") == 0 and not re.search(r"[pP]", name)):
+            raise InputError(f"expected colocated or xPyD such as 1P2D (or 1:2), got {name!r}", "--disagg")
+        x, y = int(m.group(1)), int(m.group(2))
+        if x < 1 or y < 1:
+            raise InputError(f"{name}: a deployment needs at least one prefill and one decode replica", "--disagg")
+        out.append((x, y))
+    return tuple(dict.fromkeys(out))
+
+
 def _yaml_value(text: str) -> Any:
     try:
         return yaml.safe_load(text)
@@ -102,24 +133,50 @@ def _applies(key: str, policy: str) -> bool:
     return key.split(".")[1] in policy_class(policy).Config.model_fields
 
 
-def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple) -> PlanConfig:
+def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple,
+            deployment: str | tuple[int, int] = COLOCATED) -> PlanConfig:
     from batchsim.app.compare import policy_config, scenario_data
     from batchsim.app.sweep import with_rate
 
-    label = " ".join(x for x in (f"{hardware} tp{tp} {policy}", knob_label(knobs)) if x)
     data = scenario_data(base)
-    data.update(hardware=hardware, tensor_parallel_size=tp, replicas=1)
+    data.update(hardware=hardware, tensor_parallel_size=tp)
     data.pop("horizon_s", None)  # NOTE: each point sets its own horizon (batchsim.app.capacity.worker)
+    if deployment == COLOCATED:
+        data["replicas"] = 1
+        data.pop("disaggregation", None)
+        name = policy
+    else:  # (the scenario's own pools, or its top level, at x prefill and y decode replicas)
+        x, y = deployment
+        pools = dict(data.get("disaggregation") or {})
+        pools["prefill"] = {**pools.get("prefill", {}), "replicas": x}
+        pools["decode"] = {**pools.get("decode", {}), "replicas": y}
+        data["disaggregation"] = pools
+        data.pop("replicas", None)
+        data.pop("router", None)
+        name = f"{x}P{y}D"
+    label = " ".join(v for v in (f"{hardware} tp{tp} {name}", knob_label(knobs)) if v)
     data = apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in knobs])
     sc = scenario_from_dict(data, f"configuration '{label}'")
     policy_config(sc)  # a bad knob value fails here, before any run
     with_rate(sc, 1.0)  # a trace with its own arrival times fails here
-    return PlanConfig(label, hardware, tp, policy, tuple(knobs), data)
+    if deployment == COLOCATED:
+        return PlanConfig(label, hardware, tp, policy, tuple(knobs), data)
+    d = sc.disaggregation
+    pools_cost = tuple((p.hardware or sc.hardware, p.replicas * (p.tensor_parallel_size or sc.tensor_parallel_size))
+                       for p in (d.prefill, d.decode))
+    pol = lambda p: (p.policy or sc.policy)["name"]  # noqa: E731
+    return PlanConfig(label, hardware, tp, f"{pol(d.prefill)}/{pol(d.decode)}", tuple(knobs), data,
+                      pools=pools_cost, deployment=name)
 
 
 def build_configs(scenario: Scenario, hardware: Sequence[str] = (), tps: Sequence[int] = (),
-                  policies: Sequence[str] = (), knobs: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[PlanConfig]:
-    """Every (hardware, TP, policy, knob values) configuration, in that nesting order."""
+                  policies: Sequence[str] = (), knobs: Sequence[tuple[str, Sequence[Any]]] = (),
+                  deployments: Sequence[str | tuple[int, int]] = ()) -> list[PlanConfig]:
+    """Every (hardware, TP, policy, knob values) configuration, in that nesting order, for each of
+    ``deployments`` (colocated, and xPyD ratios: a disaggregated deployment's pools take their
+    policies from the scenario's ``disaggregation`` section, else its policy, so the policy axis
+    is the colocated configurations'). No ``deployments``: the scenario's own (colocated, or its
+    disaggregation's ratio)."""
     from batchsim.app.compare import with_policy
 
     hws = tuple(hardware) or (scenario.hardware,)
@@ -128,11 +185,17 @@ def build_configs(scenario: Scenario, hardware: Sequence[str] = (), tps: Sequenc
     for key, _ in knobs:
         if not any(_applies(key, p) for p in names):
             raise InputError(f"{key}: none of the policies ({', '.join(names)}) has this knob", "--knob")
+    d = scenario.disaggregation
+    kinds = tuple(deployments) or ((COLOCATED,) if d is None else ((d.prefill.replicas, d.decode.replicas),))
     configs: dict[str, PlanConfig] = {}
-    for hw, tp, p in itertools.product(hws, tp_list, names):
-        base = with_policy(scenario, p)
-        mine = [(k, vals) for k, vals in knobs if _applies(k, p)]
-        for combo in itertools.product(*(vals for _, vals in mine)):
-            c = _config(base, hw, tp, p, tuple((k, v) for (k, _), v in zip(mine, combo)))
-            configs.setdefault(c.label, c)
+    for kind in kinds:
+        own = (str(scenario.policy["name"]),)  # (a deployment's pools name their policies themselves)
+        for hw, tp, p in itertools.product(hws, tp_list, names if kind == COLOCATED else own):
+            base = with_policy(scenario, p)
+            # (a disaggregation.* knob, such as a pool's hardware, is the deployments' alone)
+            mine = [(k, vals) for k, vals in knobs if _applies(k, p)
+                    and not (kind == COLOCATED and k.startswith("disaggregation."))]
+            for combo in itertools.product(*(vals for _, vals in mine)):
+                c = _config(base, hw, tp, p, tuple((k, v) for (k, _), v in zip(mine, combo)), kind)
+                configs.setdefault(c.label, c)
     return list(configs.values())

@@ -65,6 +65,7 @@ class PlanSpec:
     tps: tuple[int, ...] = ()  # empty: the scenario's tensor_parallel_size
     policies: tuple[str, ...] = ()  # empty: the scenario's policy
     knobs: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (dotted key, values)
+    deployments: tuple = ()  # "colocated" and (x, y) xPyD ratios; empty: the scenario's own
     target_rate: float | None = None  # requests/s the whole fleet must serve
     prices: Mapping[str, float] = field(default_factory=dict)  # --price overrides
     price_table: str | None = None  # default batchsim/calibrate/prices.yaml
@@ -159,7 +160,16 @@ def _prices(configs: Sequence[PlanConfig], spec: PlanSpec) -> dict[str, float]:
     from batchsim.calibrate.hardware import load_hardware
 
     table = {**load_prices(spec.price_table), **spec.prices}
-    return {hw: price_of(hw, load_hardware(hw).name, table) for hw in dict.fromkeys(c.hardware for c in configs)}
+    names = [hw for c in configs for hw in (c.hardware, *(h for h, _ in c.pools))]
+    return {hw: price_of(hw, load_hardware(hw).name, table) for hw in dict.fromkeys(names)}
+
+
+def unit_price(config: PlanConfig, prices: Mapping[str, float]) -> float:
+    """USD per GPU-hour of one unit of ``config``: its hardware's, or a disaggregated deployment's
+    pools' mean by GPU (so that GPUs x this price is the unit's $/hour)."""
+    if not config.pools:
+        return prices[config.hardware]
+    return sum(prices[hw] * g for hw, g in config.pools) / config.gpus
 
 
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
@@ -191,14 +201,16 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                    interval_note=o.interval_note)
         row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
-                   usd_per_gpu_hour=prices[c.hardware], target_rps=spec.target_rate)
-        row.update(cost_columns(o.capacity, c.tp, prices[c.hardware], o.mean_output_tokens, spec.target_rate))
+                   usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)
+        # (a unit is one colocated replica of tp GPUs, or one xPyD deployment of its pools' GPUs)
+        row.update(cost_columns(o.capacity, c.gpus, unit_price(c, prices), o.mean_output_tokens, spec.target_rate))
         row.update(policy_knobs=json.dumps(facts["policy"], sort_keys=True) if facts.get("policy") else None,
                    kv_blocks=facts.get("kv_blocks_per_replica"), block_size=facts.get("block_size"),
                    kv_capacity_tokens=facts.get("kv_capacity_tokens_per_replica"),
                    max_model_len=facts.get("max_model_len"), engine=facts.get("engine"),
                    reproduce=(run_command(source[0], source[1], o.point_scenario)
-                              if source is not None and o.point_scenario is not None else None))
+                              if source is not None and o.point_scenario is not None else None),
+                   deployment=c.deployment, gpus_per_unit=c.gpus, capacity_rps_per_gpu=o.capacity / c.gpus)
         rows.append(row)
     ok = [i for i, r in enumerate(rows) if r["usd_per_1m_output_tokens"] is not None]
     front = pareto_mask([rows[i]["usd_per_1m_output_tokens"] for i in ok], [rows[i][spec.pareto_metric] for i in ok])
@@ -317,7 +329,7 @@ def plan(scenario: Scenario, spec: PlanSpec, out_dir: str | Path | None = None,
     ``source`` (the scenario file and the ``--set`` overrides that made ``scenario``) adds
     each row's reproducing ``batchsim run`` command."""
     spec.check()
-    configs = build_configs(scenario, spec.hardware, spec.tps, spec.policies, spec.knobs)
+    configs = build_configs(scenario, spec.hardware, spec.tps, spec.policies, spec.knobs, spec.deployments)
     prices = _prices(configs, spec)
     points_dir = str((Path(out_dir) / "points").resolve()) if out_dir is not None else None
     base = str(Path(base_dir).resolve()) if base_dir is not None else None

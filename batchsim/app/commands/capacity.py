@@ -32,6 +32,9 @@ def plan_command(
     hardware: Annotated[Optional[str], typer.Option(help="comma-separated hardware profiles (default: the scenario's)")] = None,
     tp: Annotated[Optional[str], typer.Option(help="comma-separated tensor-parallel sizes, e.g. 1,2,4")] = None,
     policies: Annotated[Optional[str], typer.Option(help="comma-separated policies (default: the scenario's)")] = None,
+    disagg: Annotated[Optional[str], typer.Option(help="comma-separated deployments: colocated and xPyD, e.g. "
+                                                      "colocated,1P1D,1P2D,2P1D (x prefill and y decode replicas; the pools "
+                                                      "as the scenario's disaggregation section or its top level)")] = None,
     knob: Annotated[ListOpt, typer.Option("--knob", help="dotted.key=v1,v2,...: try each value, e.g. "
                                                          "policy.max_num_batched_tokens=256,512 (repeatable)")] = None,
     price: Annotated[ListOpt, typer.Option("--price", help="HW=USD_PER_GPU_HOUR overriding the price table (repeatable)")] = None,
@@ -63,11 +66,12 @@ def plan_command(
     from batchsim.app.commands.compare import load_for_command
     from batchsim.app.capacity.planner import NOT_EVALUABLE, PlanSpec, decision_lines, plan, problem_lines, write_plan
     from batchsim.app.capacity.costs import parse_prices
-    from batchsim.app.capacity.grid import parse_knobs, parse_names, parse_tps
+    from batchsim.app.capacity.grid import parse_deployments, parse_knobs, parse_names, parse_tps
     from batchsim.app.capacity.search import parse_slos
 
     spec = PlanSpec(slos=parse_slos(slo), hardware=parse_names(hardware, "--hardware"), tps=parse_tps(tp),
                     policies=parse_names(policies, "--policies"), knobs=parse_knobs(knob),
+                    deployments=parse_deployments(disagg),
                     target_rate=target_rate, prices=parse_prices(price),
                     price_table=str(prices) if prices is not None else None, tol=tol, pareto_metric=pareto_metric,
                     min_requests=min_requests, allow_rejections=allow_rejections, seeds=seeds,
@@ -79,7 +83,8 @@ def plan_command(
     files = write_plan(result, dest)
     # NOTE: piped output is not a terminal; rich would wrap the table at 80 columns.
     console = Console(width=None if Console().is_terminal else 240, highlight=False)
-    title = f"{sc.name}: {result.info.model}, capacity per replica under {', '.join(spec.slos)}"
+    unit = "replica" if all(c == "colocated" for c in result.frame.get("deployment", [])) else "replica or deployment"
+    title = f"{sc.name}: {result.info.model}, capacity per {unit} under {', '.join(spec.slos)}"
     console.print(console_table(result.frame, list(spec.slos), spec.pareto_metric, spec.target_rate, title,
                                 spec.allow_rejections, spec.seed_cap > 1))
     for line in problem_lines(result.frame, spec.ci_width):
