@@ -296,3 +296,28 @@ def test_plan_compares_colocated_and_disaggregated(tmp_path):
             assert r["capacity_rps_per_gpu"] == pytest.approx(r["capacity_rps"] / r["gpus_per_unit"])
             assert r["gpus"] == r["replicas"] * r["gpus_per_unit"]
             assert r["usd_per_hour"] == pytest.approx(r["gpus"] * r["usd_per_gpu_hour"])
+
+
+def test_bench_compare_prints_each_deployment_and_draws(tmp_path, capsys):
+    from bench.disagg_compare import main
+    from batchsim.app.examples import examples_dir
+
+    png = tmp_path / "c.png"
+    assert main(["--scenario", str(examples_dir() / "disagg-1p1d.yaml"), "--rates", "1,3", "--png", str(png),
+                 "--tpot-slo", "12,15"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| 1P1D"] * 2 + ["| colocated continuous"] * 2 + \
+        ["| colocated chunked_prefill"] * 2
+    assert png.stat().st_size > 10_000
+
+
+def test_the_distserve_example_runs_as_a_2p1d_deployment():
+    from batchsim.app.config import load_scenario
+    from batchsim.app.examples import examples_dir
+
+    sc = load_scenario(examples_dir() / "distserve-fig1.yaml", ["workload.num_requests=200"])
+    s = run_scenario(sc, keep_steps=False).summary
+    d = s["disaggregation"]
+    assert d["gpus"] == 3 and d["pools"]["prefill"]["replicas"] == 2 and s["completed"] == 200
+    # 512 tokens x 819,200 B (Llama-2-13B fp16: 2 x 40 layers x 5120) over 300 GB/s + 10 us
+    assert d["link"]["transfer_time"]["median_ms"] == pytest.approx(512 * 819200 / 300e9 * 1e3 + 0.01)
