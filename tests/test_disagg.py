@@ -321,3 +321,48 @@ def test_the_distserve_example_runs_as_a_2p1d_deployment():
     assert d["gpus"] == 3 and d["pools"]["prefill"]["replicas"] == 2 and s["completed"] == 200
     # 512 tokens x 819,200 B (Llama-2-13B fp16: 2 x 40 layers x 5120) over 300 GB/s + 10 us
     assert d["link"]["transfer_time"]["median_ms"] == pytest.approx(512 * 819200 / 300e9 * 1e3 + 0.01)
+
+
+# -- the cache-aware router (SGLang's model gateway) ---------------------------------------------------
+def _prefix_scenario(router: str, **extra) -> dict:
+    return {"name": "prefix", "model": "llama-3-8b", "hardware": "h100-sxm", "replicas": 4, "router": router,
+            "policy": {"name": "chunked_prefill", "enable_prefix_caching": True},
+            "workload": {"num_requests": 400, "arrival": {"process": "poisson", "rate": 8},
+                         "prompt_tokens": {"dist": "fixed", "value": 3000},
+                         "output_tokens": {"dist": "fixed", "value": 20},
+                         "shared_prefix": {"groups": 4, "tokens": 2048}}, **extra}
+
+
+def test_cache_aware_router_follows_the_cached_prefix():
+    """32 templates of 4,096 tokens, each replica's KV holding about 15 of them: round robin spreads
+    every template over every replica and evicts; the cache-aware router keeps each on a replica."""
+    def run(router):
+        d = _prefix_scenario(router)
+        d["workload"]["shared_prefix"] = {"groups": 32, "tokens": 4096}
+        d["workload"]["prompt_tokens"] = {"dist": "fixed", "value": 4600}
+        d["policy"]["gpu_memory_utilization"] = 0.3
+        return run_scenario(scenario_from_dict(d)).summary
+
+    rr, ca = run("round_robin"), run("cache_aware")
+    assert ca["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"] + 0.3
+    assert ca["median_ttft_ms"] < rr["median_ttft_ms"]
+    assert ca["engine"] == "python"  # (the core has no prefix cache, nor this router)
+
+
+def test_cache_aware_router_balances_when_load_is_skewed():
+    from batchsim.sim.kv import PagedKVCache
+    from batchsim.sim.prefix import PrefixKVCache
+    from batchsim.sim.router import make_router
+    from batchsim.sim.state import Seq
+
+    class R:
+        def __init__(self, i, load, kv):
+            self.index, self.outstanding, self.kv, self.waiting = i, load, kv, []
+
+    hot, cold = PrefixKVCache(100, 16, 512), PrefixKVCache(100, 16, 512)
+    hot._refs.update({11: 1, 12: 1})  # replica 0 holds the prompt's first two units
+    seq = Seq(0, 0.0, 2000, 10, (11, 12, 13))
+    route = make_router("cache_aware", np.random.default_rng(0))
+    assert route([R(0, 10, hot), R(1, 0, cold)], seq) == 0  # balanced (10 - 0 <= 32): the prefix wins
+    assert route([R(0, 40, hot), R(1, 5, cold)], seq) == 1  # 35 > 32 and 40 > 1.1 x 5: the least loaded
+    assert route([R(0, 3, PagedKVCache(10, 16)), R(1, 1, PagedKVCache(10, 16))], seq) == 1  # no prefix cache

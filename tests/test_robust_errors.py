@@ -182,7 +182,7 @@ def test_policy_errors(spec, expected):
 
 def test_router_error():
     assert scenario_error({"workload": W, "router": "random"}) == (
-        "router: unknown router 'random'; expected one of round_robin, least_outstanding, power_of_two, least_kv")
+        "router: unknown router 'random'; expected one of round_robin, least_outstanding, power_of_two, least_kv, cache_aware")
 
 
 # ------------------------------------------------------ models and hardware

@@ -96,7 +96,7 @@ class PoolConfig(NoBoolNumbers):
     hardware: str | None = Field(None, description="hardware profile (unset: the scenario's)")
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="unset: the scenario's")
     policy: dict[str, Any] | None = Field(None, description="this pool's policy (unset: the scenario's)")
-    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv")
+    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv | cache_aware")
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -151,7 +151,7 @@ class Scenario(NoBoolNumbers):
     dtype: Literal["bf16", "fp16", "fp8", "int4"] = Field("bf16", description="weight dtype")
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8"] = Field("auto", description="KV dtype (auto = dtype, bf16 for int4)")
     replicas: int = Field(1, ge=1, le=4096)
-    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv")
+    router: str = Field("round_robin", description="round_robin | least_outstanding | power_of_two | least_kv | cache_aware")
     policy: dict[str, Any] = Field(default_factory=lambda: {"name": "continuous"})
     policy_knobs: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

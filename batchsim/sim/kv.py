@@ -104,4 +104,11 @@ class PagedKVCache:
     def register(self, seq) -> None:
         """After a step: cache the prompt units ``seq`` has computed."""
 
+    def resident_units(self, hashes) -> int:
+        """How many leading units of a prompt's prefix ``hashes`` this cache holds (what a
+        cache-aware router reads: batchsim.sim.router)."""
+        return 0
+
+    cached_units = 0  # prefix units held, in use or evictable
+
     hit_rate = 0.0

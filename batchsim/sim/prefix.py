@@ -162,6 +162,18 @@ class PrefixKVCache(PagedKVCache):
                 self._evictable_blocks += self.unit_blocks
         return n
 
+    def resident_units(self, hashes) -> int:
+        n, refs = 0, self._refs
+        for k in hashes:
+            if k not in refs:
+                break
+            n += 1
+        return n
+
+    @property
+    def cached_units(self) -> int:
+        return len(self._refs)
+
     @property
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
