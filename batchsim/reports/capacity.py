@@ -44,14 +44,18 @@ def _metric_label(key: str) -> str:
 
 
 def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | None,
-                 rejections: bool = False, intervals: bool = False, per_gpu: bool = False) -> list[Column]:
+                 rejections: bool = False, intervals: bool = False, per_gpu: bool = False,
+                 clients: bool = False) -> list[Column]:
     """The table's columns: config, capacity, each SLO metric at capacity, fleet and cost
     (and the requests rejected at capacity, when ``--allow-rejections`` let them through).
     With ``intervals`` (points pooled over seeds) the capacity is the low end of its 95%
     interval, the interval and estimate follow it, and each metric shows mean ± half-width. With
     ``per_gpu`` (a plan with disaggregated deployments, whose units differ in GPUs) the capacity
-    per GPU follows it."""
+    per GPU follows it. With ``clients`` (a closed-loop plan, which searches clients) the clients
+    per unit come first and the capacity is the throughput they get."""
     cols = [Column("configuration", "config", "text"), Column("status", "status", "text")]
+    if clients:
+        cols += [Column("clients per unit", "capacity_clients", "int")]
     if intervals:
         cols += [Column("capacity (req/s per unit, 95% low end)", "capacity_rps", "f2"),
                  Column("capacity 95% interval (estimate)", "capacity_interval", "text"),
@@ -86,6 +90,12 @@ _TEXT_KEYS = ("limit_reason", "knobs", "capacity_interval", "interval_note", "re
 
 
 def _interval_text(r: dict) -> str:
+    if r.get("capacity_clients") is not None:  # (a closed loop: the interval is in clients)
+        lo, mid, hi = r.get("capacity_clients"), r.get("capacity_clients_estimate"), r.get("capacity_clients_high")
+        if not lo:
+            return ""
+        high = f"{hi:g}" if hi is not None else "?"
+        return f"{lo:g}–{high} clients" + (f" ({mid:g})" if mid is not None else "")
     lo, mid, hi = r.get("capacity_rps"), r.get("capacity_estimate_rps"), r.get("capacity_high_rps")
     if not lo:
         return ""
@@ -166,7 +176,7 @@ def plan_page(frame: pd.DataFrame, info: ReportInfo, slos: Sequence[str], metric
                    "and faster).")
         sections.append(("Pareto front: cost vs latency", figure_html(png, "Pareto front of cost vs latency",
                                                                         caption)))
-    cols = plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame))
+    cols = plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame), closed_loop(frame))
     sections.append(("Configurations (sorted by cost; click a header to sort)",
                      table_html(rows, cols, "plan-table")))
     sections.append(("How to read this", notes_html(_notes(target_rate, intervals))))
@@ -188,7 +198,9 @@ def _notes(target_rate: float | None, intervals: bool = False) -> list[str]:
         ["One seed per point: the capacity has no interval (plan with --seeds 3 or more for one)."])
     return [*seeds,
         "A unit is one replica (colocated) or one xPyD deployment (x prefill and y decode replicas, "
-        "docs/disaggregation.md). Capacity is the highest arrival rate per unit whose simulation met every SLO, with no request "
+        "docs/disaggregation.md). For a closed loop the search is over clients, and the capacity in req/s is the "
+        "throughput the most clients that met every SLO got. Capacity is the highest arrival rate per unit whose "
+        "simulation met every SLO, with no request "
         "rejected (unless --allow-rejections) or unfinished, at least 99% completed, and enough completed "
         "requests in the measured window to judge a p99 (--min-requests); it is within the search tolerance "
         "of the true limit.",
@@ -219,6 +231,11 @@ def disaggregated(frame: pd.DataFrame) -> bool:
     return "deployment" in frame and bool((frame["deployment"] != "colocated").any())
 
 
+def closed_loop(frame: pd.DataFrame) -> bool:
+    """Whether a plan searched clients (a closed-loop scenario) rather than arrival rates."""
+    return "capacity_clients" in frame and bool(frame["capacity_clients"].notna().any())
+
+
 def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_rate: float | None,
                   title: str | None = None, rejections: bool = False,
                   intervals: bool | None = None) -> "PlanTable":
@@ -228,7 +245,8 @@ def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_
     never wrapped or cut (``38603.9`` stays whole at 100 columns).
     """
     intervals = has_intervals(frame) if intervals is None else intervals
-    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame))
+    cols = [c for c in plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame),
+                                    closed_loop(frame))
             if c.key != "limit_rps"]
     cells = [[format_cell(r, c)[0] for c in cols] for r in _display_rows(frame)]
     return PlanTable(cols, cells, title)

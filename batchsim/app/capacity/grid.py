@@ -45,6 +45,12 @@ class PlanConfig:
     deployment: str = COLOCATED  # colocated, or xPyD
 
     @property
+    def closed(self) -> bool:
+        """A closed-loop configuration: its plan searches clients, not arrival rates."""
+        arrival = (self.scenario.get("workload") or {}).get("arrival") or {}
+        return arrival.get("process") == "closed"
+
+    @property
     def gpus(self) -> int:
         """GPUs in one unit: a colocated replica's ``tp``, or the deployment's pools'."""
         return sum(g for _, g in self.pools) if self.pools else self.tp
@@ -136,7 +142,7 @@ def _applies(key: str, policy: str) -> bool:
 def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple,
             deployment: str | tuple[int, int] = COLOCATED) -> PlanConfig:
     from batchsim.app.compare import policy_config, scenario_data
-    from batchsim.app.sweep import with_rate
+    from batchsim.app.sweep import with_concurrency, with_rate
 
     data = scenario_data(base)
     data.update(hardware=hardware, tensor_parallel_size=tp)
@@ -158,7 +164,10 @@ def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple,
     data = apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in knobs])
     sc = scenario_from_dict(data, f"configuration '{label}'")
     policy_config(sc)  # a bad knob value fails here, before any run
-    with_rate(sc, 1.0)  # a trace with its own arrival times fails here
+    if getattr(sc.workload.arrival, "process", None) == "closed":
+        with_concurrency(sc, 1)  # (a closed loop: the plan searches its clients)
+    else:
+        with_rate(sc, 1.0)  # a trace with its own arrival times fails here
     if deployment == COLOCATED:
         return PlanConfig(label, hardware, tp, policy, tuple(knobs), data)
     d = sc.disaggregation

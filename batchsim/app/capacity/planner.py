@@ -187,9 +187,13 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
     for c, o in zip(configs, outcomes):
         m = o.metrics or {}
         facts = m.get("facts") or {}
+        # (a closed loop's search is over clients: its capacity in req/s is the throughput they get)
+        closed = c.closed
+        rate = (float(m.get("request_throughput") or 0.0) if o.capacity > 0 else 0.0) if closed else o.capacity
         row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
-               "capacity_rps": o.capacity, "capacity_estimate_rps": o.estimate, "capacity_high_rps": o.upper,
+               "capacity_rps": rate, "capacity_estimate_rps": None if closed else o.estimate,
+               "capacity_high_rps": None if closed else o.upper,
                "output_tok_s": m.get("output_throughput")}
         for k in metrics:
             row[k] = m.get(k)
@@ -199,18 +203,21 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                    widest_ci_rel=m.get("widest_ci_rel"),
                    interval_ok=(None if m.get("widest_ci_rel") is None else m["widest_ci_rel"] <= spec.ci_width),
                    interval_note=o.interval_note)
-        row.update(limit_rps=o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
+        row.update(limit_rps=None if closed else o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)
         # (a unit is one colocated replica of tp GPUs, or one xPyD deployment of its pools' GPUs)
-        row.update(cost_columns(o.capacity, c.gpus, unit_price(c, prices), o.mean_output_tokens, spec.target_rate))
+        row.update(cost_columns(rate, c.gpus, unit_price(c, prices), o.mean_output_tokens, spec.target_rate))
         row.update(policy_knobs=json.dumps(facts["policy"], sort_keys=True) if facts.get("policy") else None,
                    kv_blocks=facts.get("kv_blocks_per_replica"), block_size=facts.get("block_size"),
                    kv_capacity_tokens=facts.get("kv_capacity_tokens_per_replica"),
                    max_model_len=facts.get("max_model_len"), engine=facts.get("engine"),
                    reproduce=(run_command(source[0], source[1], o.point_scenario)
                               if source is not None and o.point_scenario is not None else None),
-                   deployment=c.deployment, gpus_per_unit=c.gpus, capacity_rps_per_gpu=o.capacity / c.gpus)
+                   deployment=c.deployment, gpus_per_unit=c.gpus, capacity_rps_per_gpu=rate / c.gpus,
+                   capacity_clients=o.capacity if closed else None,
+                   capacity_clients_estimate=o.estimate if closed else None,
+                   capacity_clients_high=o.upper if closed else None, limit_clients=o.limit_rate if closed else None)
         rows.append(row)
     ok = [i for i, r in enumerate(rows) if r["usd_per_1m_output_tokens"] is not None]
     front = pareto_mask([rows[i]["usd_per_1m_output_tokens"] for i in ok], [rows[i][spec.pareto_metric] for i in ok])

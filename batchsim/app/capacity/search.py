@@ -241,12 +241,16 @@ class _Stop(Exception):
 def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, float], start: float,
            tol: float = 0.05, max_doublings: int = 16, max_halvings: int = 5,
            min_requests: int = MIN_REQUESTS, allow_rejections: bool = False,
-           bound: str = "upper") -> SearchOutcome:
+           bound: str = "upper", integer: bool = False, unit: str = "req/s",
+           cap: float | None = None) -> SearchOutcome:
     """Bracket then bisect the highest rate whose point meets ``slos`` (judged under ``bound``).
 
     Doubles from ``start`` while points pass (at most ``max_doublings``
     times) or halves while they fail (at most ``max_halvings`` times; then
     the capacity is 0), then bisects ``[lo, hi)`` until ``hi - lo <= tol * lo``.
+    ``integer`` searches whole numbers from 1 (a closed loop's clients, ``unit``
+    "clients"): halving stops at 1 and bisection when ``hi - lo <= 1`` as well. ``cap``: the
+    highest value a point may have (doubling stops there; if it passes, it is the capacity).
 
     NOTE: the halving floor is low on purpose but finite: a point far below
     capacity serves requests nearly one at a time, which costs the most
@@ -269,37 +273,50 @@ def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, 
         return seen[rate][0]
 
     try:
-        lo, hi = _bracket(probe, nice_rate(start), max_doublings, max_halvings)
+        first = max(1, int(round(start))) if integer else nice_rate(start)
+        if cap is not None:
+            first = min(first, cap)
+        lo, hi = _bracket(probe, first, max_doublings, max_halvings, integer, cap)
         if lo is None:
-            return SearchOutcome(0.0, None, hi, f"fails even at {hi:.4g} req/s: {seen[hi][1]}", trail, FAIL)
-        while hi is not None and hi - lo > tol * lo:
-            mid = (lo + hi) / 2.0
+            return SearchOutcome(0.0, None, hi, f"fails even at {hi:.4g} {unit}: {seen[hi][1]}", trail, FAIL)
+        while hi is not None and hi - lo > tol * lo and not (integer and hi - lo <= 1):
+            mid = (lo + hi) // 2 if integer else (lo + hi) / 2.0
             if probe(mid):
                 lo = mid
             else:
                 hi = mid
     except _Stop as stop:
         passed = [r for r, (ok, _, _) in seen.items() if ok]
-        why = stop.why if stop.status == REFUSED else f"{stop.status} at {stop.rate:.4g} req/s: {stop.why}"
+        why = stop.why if stop.status == REFUSED else f"{stop.status} at {stop.rate:.4g} {unit}: {stop.why}"
         if stop.status == NOT_EVALUABLE and passed:
-            why += f" (every SLO was met at {max(passed):.4g} req/s, but the search cannot go past this point)"
+            why += f" (every SLO was met at {max(passed):.4g} {unit}, but the search cannot go past this point)"
         return SearchOutcome(0.0, None, stop.rate, why, trail, stop.status)
-    return SearchOutcome(lo, seen[lo][2], hi, seen[hi][1] if hi is not None else "", trail, PASS)
+    why = seen[hi][1] if hi is not None else ""
+    if hi is None and cap is not None and lo == cap:
+        why = f"every SLO met up to {cap:g} {unit}, the most this search may try"
+    return SearchOutcome(lo, seen[lo][2], hi, why, trail, PASS)
 
 
 def _bracket(probe: Callable[[float], bool], start: float, max_doublings: int,
-             max_halvings: int) -> tuple[float | None, float | None]:
+             max_halvings: int, integer: bool = False,
+             cap: float | None = None) -> tuple[float | None, float | None]:
     """``(lo, hi)``: lo passed (None if nothing did), hi failed (None if nothing did)."""
     if probe(start):
         lo = start
         for _ in range(max_doublings):
-            if not probe(lo * 2.0):
-                return lo, lo * 2.0
-            lo *= 2.0
+            nxt = lo * 2 if cap is None else min(lo * 2, cap)
+            if nxt == lo:
+                break
+            if not probe(nxt):
+                return lo, nxt
+            lo = nxt
         return lo, None
     hi = start
-    for _ in range(max_halvings):
-        if probe(hi / 2.0):
-            return hi / 2.0, hi
-        hi /= 2.0
+    for _ in range(max_halvings if not integer else 64):
+        half = hi // 2 if integer else hi / 2.0
+        if integer and half < 1:
+            break
+        if probe(half):
+            return half, hi
+        hi = half
     return None, hi

@@ -44,7 +44,7 @@ from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, s
 from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
 from batchsim.sim.metrics import rejections_by_kind
 
-__all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_metrics", "search_config",
+__all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "is_closed", "queue_metrics", "search_config",
            "pool", "binding_metric", "HORIZON_SPANS", "HORIZON_DRAINS", "ESTIMATE_BATCH", "POINT_FORMAT",
            "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH"]
 
@@ -152,15 +152,28 @@ def _estimates(scenario: Scenario, parts, limits: dict) -> dict:
     drain = HORIZON_DRAINS * _solo_seconds(parts.cost, prompt.max(), output.max())
     w = scenario.workload
     fixed_span = w.duration_s if (w.num_requests is None and w.duration_s is not None and w.trace is None) else None
+    closed = wl.closed is not None
+    if closed:  # (a closed loop's clients: start from the batch the estimate assumes)
+        start = float(min(batch, max(1, len(wl) - 1)))
     return {"start": start, "drain": drain, "n": len(wl), "span": fixed_span,
-            "mean_output_tokens": float(output.mean())}
+            "mean_output_tokens": float(output.mean()), "closed": closed}
+
+
+def is_closed(scenario: Scenario) -> bool:
+    """A closed-loop scenario (``workload.arrival.process: closed``): its plan searches clients."""
+    arrival = scenario.workload.arrival
+    return arrival is not None and getattr(arrival, "process", None) == "closed"
 
 
 def point_scenario(config: Scenario, rate: float, est: dict) -> dict:
-    """The scenario of one point: the config at ``rate`` with the plan's horizon."""
+    """The scenario of one point: the config at ``rate`` with the plan's horizon; for a closed loop
+    (``est["closed"]``) ``rate`` is its clients and there is no horizon (its clients wait for
+    their responses, so an overloaded point cannot run away: it ends when its requests are done)."""
     from batchsim.app.compare import scenario_data
-    from batchsim.app.sweep import with_rate
+    from batchsim.app.sweep import with_concurrency, with_rate
 
+    if est.get("closed"):
+        return scenario_data(with_concurrency(config, int(rate)))
     data = scenario_data(with_rate(config, rate))
     span = est["span"] if est["span"] is not None else est["n"] / rate
     data["horizon_s"] = float(f"{HORIZON_SPANS * span + est['drain']:.6g}")
@@ -312,9 +325,13 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
             pooled[rate] = pool(runs, [scenario.seed + i for i in range(len(runs))], slos)
         return pooled[rate]
 
+    closed = est["closed"]
+
     def run_search(bound: str):
+        # (a closed loop: whole client counts, at most one fewer than its requests: batchsim.app.sweep)
         return search(evaluate, slos, est["start"], task.tol, min_requests=task.min_requests,
-                      allow_rejections=task.allow_rejections, bound=bound)
+                      allow_rejections=task.allow_rejections, bound=bound, integer=closed,
+                      unit="clients" if closed else "req/s", cap=est["n"] - 1 if closed else None)
 
     found = run_search(BOUNDS[0])
     out.capacity, out.metrics = found.capacity, found.metrics

@@ -1,0 +1,78 @@
+"""`batchsim plan` over a closed loop's clients (issue #22: plans over concurrency as well as rate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchsim.app.capacity.planner import PlanSpec, plan
+from batchsim.app.capacity.search import FAIL, PASS, search
+from batchsim.app.config import scenario_from_dict
+
+
+def step(capacity: int):
+    return lambda n: {"p99_ttft_ms": 10.0 if n <= capacity else 1000.0}
+
+
+@pytest.mark.parametrize("start", [1, 3, 16, 200])
+@pytest.mark.parametrize("capacity", [1, 7, 38, 100])
+def test_an_integer_search_brackets_whole_client_counts(start, capacity):
+    out = search(step(capacity), {"p99_ttft_ms": 100}, start, 0.05, integer=True, unit="clients", max_doublings=16)
+    assert out.status == PASS and out.capacity <= capacity < out.limit_rate
+    assert out.limit_rate - out.capacity <= max(1, 0.05 * out.capacity)
+    exact = search(step(capacity), {"p99_ttft_ms": 100}, start, 0.001, integer=True, unit="clients")
+    assert (exact.capacity, exact.limit_rate) == (capacity, capacity + 1)  # (a tight --tol: to the client)
+    tried = [n for n, _ in out.trail]
+    assert all(isinstance(n, int) and n >= 1 for n in tried) and len(tried) == len(set(tried))
+
+
+def test_an_integer_search_says_clients_and_stops_at_one_and_at_its_cap():
+    none = search(step(0), {"p99_ttft_ms": 100}, 8, integer=True, unit="clients")
+    assert none.status == FAIL and none.capacity == 0.0 and none.limit_rate == 1
+    assert none.limit_reason == "fails even at 1 clients: p99_ttft_ms 1000 > 100"
+    capped = search(step(10**6), {"p99_ttft_ms": 100}, 16, integer=True, unit="clients", cap=99)
+    assert capped.capacity == 99 and capped.limit_rate is None and max(n for n, _ in capped.trail) == 99
+    assert capped.limit_reason == "every SLO met up to 99 clients, the most this search may try"
+
+
+CLOSED = {
+    "name": "closed-plan", "model": "llama-3-8b", "hardware": "h100-sxm", "policy": {"name": "chunked_prefill"},
+    "workload": {"num_requests": 120, "arrival": {"process": "closed", "concurrency": 8, "think_time_s": 0},
+                 "prompt_tokens": {"dist": "lognormal", "median": 600, "p90": 2000, "max": 4000},
+                 "output_tokens": {"dist": "lognormal", "median": 60, "p90": 200, "max": 400}},
+}
+
+
+def test_a_closed_loop_plan_searches_clients_and_prices_their_throughput(tmp_path):
+    spec = PlanSpec(slos={"p90_ttft_ms": 300.0, "p90_tpot_ms": 25.0}, policies=("continuous", "chunked_prefill"),
+                    target_rate=20.0, seeds=1)
+    import yaml
+
+    path = tmp_path / "closed.yaml"
+    path.write_text(yaml.safe_dump(CLOSED))
+    res = plan(scenario_from_dict(CLOSED), spec, tmp_path / "p", executor="serial", source=(str(path), ()))
+    f = res.frame.set_index("config")
+    for label in ("h100-sxm tp1 continuous", "h100-sxm tp1 chunked_prefill"):
+        r = f.loc[label]
+        assert r["status"] == "ok" and float(r["capacity_clients"]).is_integer() and r["capacity_clients"] >= 1
+        assert r["limit_clients"] - r["capacity_clients"] <= max(1, 0.05 * r["capacity_clients"])
+        # the capacity in req/s is the throughput those clients got, and the fleet is sized by it
+        assert r["replicas"] * r["capacity_rps"] >= 20.0 > (r["replicas"] - 1) * r["capacity_rps"]
+        assert r["capacity_rps_per_gpu"] == pytest.approx(r["capacity_rps"])
+        assert r["p90_ttft_ms"] <= 300.0 and r["p90_tpot_ms"] <= 25.0
+        assert r["capacity_estimate_rps"] is None  # (the interval is in clients)
+        assert "--set workload.arrival.concurrency=" in r["reproduce"] and "arrival.rate" not in r["reproduce"]
+    # the reproduce command runs the point the row reports
+    from batchsim.app.config import load_scenario
+    from batchsim.app.runner import run_scenario
+    import shlex
+
+    r = f.loc["h100-sxm tp1 chunked_prefill"]
+    args = shlex.split(r["reproduce"])
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    s = run_scenario(load_scenario(args[2], sets), keep_steps=False).summary
+    assert s["request_throughput"] == pytest.approx(r["capacity_rps"])
+    assert s["p90_ttft_ms"] == pytest.approx(r["p90_ttft_ms"])
+
+
+def pd_float(v):
+    return None if v != v else float(v)  # (NaN: none)
