@@ -14,7 +14,7 @@ from batchsim.app.config import scenario_from_dict
 from batchsim.app.runner import run_scenario
 from batchsim.policies import create_policy
 from batchsim.sim.aggregate import StepTotals
-from batchsim.sim.disagg import DisaggCluster, KVLink, LinkSpec
+from batchsim.sim.disagg import DisaggCluster, KVLink, LinkSpec, Livelock
 from batchsim.sim.engine import Replica
 from batchsim.sim.errors import InputError
 from batchsim.sim.itl import TokenSteps
@@ -45,7 +45,10 @@ def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_
     rng = np.random.default_rng(0)
     cluster = DisaggCluster(env, pre, make_router("round_robin", rng), dec, make_router("round_robin", rng),
                             link, wl, kv_bytes, first_token)
-    env.run(until=horizon)
+    try:
+        env.run(until=horizon)
+    except Livelock:
+        pass
     steps.close()
     req = request_frame(cluster.requests)
     cols = cluster.transfer_columns(req)
@@ -128,6 +131,36 @@ def test_a_stalled_decode_replica_is_found():
     assert (req.status == "unfinished").all() and req.loc[0].preemptions == 1
 
 
+def test_a_livelocked_decode_replica_stops_the_run():
+    """(review) A chunked decode pool: a preempted request recomputes chunk by chunk and preempts
+    itself one block short at its last chunk, again and again, while transferred requests behind it
+    hold the rest. Without a horizon this ran forever; now the run stops and says why."""
+    wl = workload([0.0, 0.44, 1.48, 1.87, 2.85], [238, 234, 152, 115, 159], [34, 12, 37, 19, 38])
+    req, _, _, cluster = run_disagg(wl, decode=2, decode_blocks=36, bandwidth=500.0, latency=0.1,
+                                    cost=ConstantCost(0.2, per_token=0.001),
+                                    decode_policy={"name": "chunked_prefill", "max_num_batched_tokens": 64,
+                                                   "max_num_seqs": 16})
+    stalled = cluster.stalled()
+    assert stalled and set(stalled) <= {1, 2}
+    assert (req.status == "unfinished").any()
+    assert req.preemptions.max() >= 1000 or cluster.livelocked == []
+
+
+def test_a_stall_with_a_running_request_is_reported():
+    """(review) The stuck request may be mid-recompute in `running`, not waiting: the run says so."""
+    sc = {"name": "stall", "model": "llama-3-8b", "hardware": "h100-sxm", "seed": 3,
+          "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 12},
+                       "prompt_tokens": {"dist": "lognormal", "median": 1500, "p90": 4000, "max": 7000},
+                       "output_tokens": {"dist": "lognormal", "median": 200, "p90": 600, "max": 1500}},
+          "disaggregation": {"prefill": {"replicas": 2},
+                             "decode": {"policy": {"name": "chunked_prefill", "gpu_memory_utilization": 0.23}}}}
+    s = run_scenario(scenario_from_dict(sc)).summary
+    if s["unfinished"]:
+        assert any("stalled" in w for w in s["warnings"])
+    else:  # (vLLM's order for transfers behind a preempted request avoided it)
+        assert s["completed"] == 200
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 20), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25),
        st.sampled_from(["prefill", "decode"]), st.sampled_from(["per_request", "per_layer"]),
@@ -205,6 +238,37 @@ def test_scenario_run_reports_pools_link_and_split():
     assert json.dumps(again.summary, sort_keys=True) == json.dumps(s, sort_keys=True)
 
 
+def test_an_engine_preset_is_resolved_for_each_pool_s_hardware():
+    """(review) vllm-v1's limits depend on the GPU: a decode pool on A100 gets A100's, as a colocated
+    A100 scenario with the preset does; a pool's own policy takes the preset's values it leaves unset."""
+    base = {**SCENARIO, "engine_preset": "vllm-v1"}
+    base.pop("policy")
+    colo = scenario_from_dict({**base, "hardware": "a100-80gb", "disaggregation": None})
+    sc = scenario_from_dict({**base, "disaggregation": {"decode": {"hardware": "a100-80gb"},
+                                                        "prefill": {"policy": {"name": "chunked_prefill"}}}})
+    prov = run_scenario(sc, keep_steps=False).summary["provenance"]["policy"]
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        assert prov["decode"][key] == colo.policy[key]
+    h100 = scenario_from_dict({**base, "disaggregation": None})
+    assert prov["prefill"]["gpu_memory_utilization"] == h100.policy["gpu_memory_utilization"]
+
+
+def test_prefix_caching_on_the_prefill_pool_is_reported():
+    sc = {**SCENARIO, "workload": {**SCENARIO["workload"], "shared_prefix": {"groups": 2, "tokens": 2048}},
+          "disaggregation": {"prefill": {"policy": {"name": "chunked_prefill", "enable_prefix_caching": True}},
+                             "decode": {"policy": {"name": "continuous"}}}}
+    res = run_scenario(scenario_from_dict(sc))
+    assert res.summary["prefix_cache_hit_rate"] > 0.5 and res.requests["cached_tokens"].sum() > 0
+
+
+def test_compare_refuses_to_swap_a_disaggregated_scenario_s_policy():
+    from batchsim.app.compare import with_policy
+
+    with pytest.raises(InputError) as e:
+        with_policy(scenario_from_dict(SCENARIO), "chunked_prefill")
+    assert "plan --disagg" in str(e.value)
+
+
 def test_heterogeneous_pools_price_each_on_its_hardware():
     sc = dict(SCENARIO, disaggregation={"prefill": {"hardware": "h100-sxm"},
                                         "decode": {"hardware": "a100-80gb", "tensor_parallel_size": 2}})
@@ -216,6 +280,13 @@ def test_heterogeneous_pools_price_each_on_its_hardware():
 
 @pytest.mark.parametrize("change, where", [
     ({"replicas": 2}, "replicas is for a colocated deployment"),
+    ({"disaggregation": {"prefill": {"policy": {"name": "static", "max_batch_size": 64}}}},
+     "disaggregation.prefill.policy.name"),
+    ({"policy": {"name": "dynamic"}}, "disaggregation.decode.policy.name"),
+    ({"disaggregation": {"decode": {"router": "fastest"}}}, "disaggregation.decode.router"),
+    ({"disaggregation": {"decode": {"policy": {"name": "continuous", "block_size": 7}}}},
+     "disaggregation.decode.policy.block_size"),
+    ({"disaggregation": {"link": {"bandwidth_gbps": 1e-300}}}, "disaggregation.link.bandwidth_gbps"),
     ({"disaggregation": {"decode": {"policy": {"name": "static"}}}}, "disaggregation.decode.policy.name"),
     ({"disaggregation": {"decode": {"policy": {"name": "continuous", "max_num_seqs": 0}}}},
      "disaggregation.decode.policy.max_num_seqs"),

@@ -81,6 +81,10 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
     """
     if scenario.policy.get("name") == name:
         return scenario
+    if scenario.disaggregation is not None:
+        raise InputError(f"cannot run policy {name!r} on a disaggregated scenario: its pools take their policies "
+                         "from disaggregation.prefill.policy and .decode.policy (or the scenario's own); compare "
+                         "deployments and policies with batchsim plan --disagg colocated,1P1D,...", "--policies")
     from batchsim.policies.registry import policy_class
 
     fields = policy_class(name).Config.model_fields

@@ -113,9 +113,9 @@ class LinkConfig(NoBoolNumbers):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     bandwidth_gbps: float = Field(
-        400.0, gt=0, description="per GPU, Gbit/s: each GPU its own NIC (DGX H100: one 400 Gb/s ConnectX-7 per GPU); "
+        400.0, ge=0.001, le=1e7, description="per GPU, Gbit/s: each GPU its own NIC (DGX H100: one 400 Gb/s ConnectX-7 per GPU); "
                                  "a replica has tensor_parallel_size of them")
-    latency_us: float = Field(10.0, ge=0, description="per transfer, after its last byte is sent (RDMA setup, "
+    latency_us: float = Field(10.0, ge=0, le=1e9, description="per transfer, after its last byte is sent (RDMA setup, "
                                                       "the completion notice)")
     transfer: Literal["per_request", "per_layer"] = Field(
         "per_request", description="per_request: the prompt's KV is read when its prefill ends (vLLM's NIXL "
@@ -349,6 +349,9 @@ def _check_block_sizes(sc: Scenario, source: str) -> None:
     """A ``block_size`` vLLM would refuse is an error. (Here, not in the policy config: policy
     tests run any block size on tiny fake caches.) A value that is no number is left to the policy."""
     specs = [("policy", sc.policy)] + [(f"policy_knobs.{n}", k) for n, k in sc.policy_knobs.items()]
+    if sc.disaggregation is not None:
+        specs += [(f"disaggregation.{n}.policy", p.policy) for n, p in
+                  (("prefill", sc.disaggregation.prefill), ("decode", sc.disaggregation.decode)) if p.policy]
     for where, spec in specs:
         bs = spec.get("block_size") if isinstance(spec, dict) else None
         if isinstance(bs, (int, float)) and not isinstance(bs, bool) and bs not in VLLM_BLOCK_SIZES:

@@ -19,13 +19,13 @@ import pandas as pd
 import simpy
 
 from batchsim import policies
-from batchsim.app.config import PoolConfig, Scenario
+from batchsim.app.config import PoolConfig, Scenario, scenario_from_dict
 from batchsim.app.runner import (Parts, RunResult, _check_max_model_len, _kv_cache, _policy_contract, _seeds,
                                  build_cost, conclude, overhead_terms, provenance)
 from batchsim.engines import preset_report
 from batchsim.policies.step import IterationConfig
 from batchsim.sim.aggregate import StepTotals
-from batchsim.sim.disagg import TRANSFER_COLUMNS, DisaggCluster, KVLink, LinkSpec
+from batchsim.sim.disagg import TRANSFER_COLUMNS, DisaggCluster, KVLink, LinkSpec, Livelock
 from batchsim.sim.engine import Replica
 from batchsim.sim.errors import InputError
 from batchsim.sim.frontend import engine_arrivals
@@ -60,13 +60,31 @@ class _Pool:
         return range(self.first, self.first + self.spec.replicas)
 
 
+def _pool_scenario(scenario: Scenario, name: str, spec: PoolConfig) -> Scenario:
+    """The pool as a colocated scenario: its replicas, router, hardware, TP and policy, with the
+    scenario's engine preset resolved again for them (a key the preset filled is re-resolved for
+    the pool's hardware; a pool's own policy takes the preset's values where it sets none)."""
+    from batchsim.app.compare import scenario_data
+
+    data = scenario_data(scenario)
+    data.pop("disaggregation", None)
+    data.update(replicas=spec.replicas, router=spec.router)
+    for key in ("hardware", "tensor_parallel_size"):
+        if getattr(spec, key) is not None:
+            data[key] = getattr(spec, key)
+    if spec.policy is not None:
+        data["policy"] = dict(spec.policy)
+        data.pop("engine_preset_values", None)
+    try:
+        return scenario_from_dict(data, f"disaggregation.{name}")
+    except InputError as e:
+        raise InputError(e.message, e.where.replace(f"disaggregation.{name}: policy", f"disaggregation.{name}.policy")
+                         if e.where else None) from None
+
+
 def _pool(scenario: Scenario, parts: Parts, name: str, spec: PoolConfig, first: int) -> _Pool:
     where = f"disaggregation.{name}"
-    update: dict[str, Any] = {"replicas": spec.replicas, "router": spec.router}
-    for key in ("hardware", "tensor_parallel_size", "policy"):
-        if getattr(spec, key) is not None:
-            update[key] = getattr(spec, key)
-    sc = scenario.model_copy(update=update)
+    sc = _pool_scenario(scenario, name, spec)
     try:
         cost = build_cost(sc)
         pols = [policies.create_policy(sc.policy) for _ in range(spec.replicas)]
@@ -78,12 +96,17 @@ def _pool(scenario: Scenario, parts: Parts, name: str, spec: PoolConfig, first: 
         field = e.where if own or e.where in ("tensor_parallel_size",) else None
         at = f"{where}.{field}" if field else (f"{where}: {e.where}" if e.where else where)
         raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size"), at) from None
+    cfg = pols[0].config
+    if not isinstance(cfg, IterationConfig):
+        # (a padded batch counts the blocks of the batch it releases as free for the next one, which a
+        # prefill pool's handed-off KV is not until its transfer ends; and every engine that
+        # disaggregates schedules iteration by iteration)
+        inherited = "" if spec.policy is not None else (
+            f" (the {name} pool takes the scenario's policy unless {where}.policy is set; compare and sweep "
+            "--policies swap the scenario's policy, so compare deployments with plan --disagg)")
+        raise InputError(f"the {name} pool runs {pols[0].name!r}; a pool of a disaggregated deployment needs an "
+                         f"iteration-level policy (continuous or chunked_prefill){inherited}", f"{where}.policy.name")
     if name == "decode":
-        cfg = pols[0].config
-        if not isinstance(cfg, IterationConfig):
-            raise InputError(f"the decode pool runs {pols[0].name!r}; a decode pool needs an iteration-level "
-                             "policy (continuous or chunked_prefill), as every engine that disaggregates runs",
-                             f"{where}.policy.name")
         if cfg.enable_prefix_caching:
             raise InputError("prefix caching on the decode pool is not modelled (its prompts arrive as KV); "
                              "set it on the prefill pool", f"{where}.policy.enable_prefix_caching")
@@ -120,11 +143,20 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     link = KVLink(spec, [pre.scenario.tensor_parallel_size] * d.prefill.replicas,
                   [dec.scenario.tensor_parallel_size] * d.decode.replicas)
     rng = np.random.SeedSequence(scenario.seed).spawn(3)
-    cluster = DisaggCluster(env, made["prefill"], make_router(d.prefill.router, np.random.default_rng(rng[1])),
-                            made["decode"], make_router(d.decode.router, np.random.default_rng(rng[2])), link,
+    routes = []
+    for p, seq in ((d.prefill, rng[1]), (d.decode, rng[2])):
+        try:
+            routes.append(make_router(p.router, np.random.default_rng(seq)))
+        except InputError as e:
+            raise InputError(e.message, f"disaggregation.{'prefill' if p is d.prefill else 'decode'}.router") from None
+    cluster = DisaggCluster(env, made["prefill"], routes[0], made["decode"], routes[1], link,
                             workload, pre.parts.cost.kv_bytes_per_token, d.first_token, scenario.max_queue_len)
+    livelock = None
     with _policy_contract(scenario, pre.policies[0]), _policy_contract(scenario, dec.policies[0]):
-        env.run(until=scenario.horizon_s)
+        try:
+            env.run(until=scenario.horizon_s)
+        except Livelock as e:  # (the run stops there: what it served is kept, the rest is unfinished)
+            livelock = e
     held = cluster.held()
     lost = [s.rid for s in cluster.requests if s.status == UNFINISHED and s.rid not in held]
     if lost:
@@ -161,11 +193,16 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
         cluster.sent if workload.closed is not None else None, client_arrival, steps, step_sink, step_totals,
         totals_of, f"{pre.policies[0].name}/{dec.policies[0].name}")
     summary["peak_kv_usage"] = max(c.peak_used / c.total_blocks for c in caches)
+    if pre.caches[0].prefix_caching:  # (the prefill pool's cache: the decode pool has none)
+        hits, looks = sum(c.hits for c in pre.caches), sum(c.lookups for c in pre.caches)
+        summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
     stalled = cluster.stalled()
     if stalled:
-        stuck = sum(len(r.waiting) for r in made["decode"] if r.index in stalled)
+        stuck = sum(len(r.waiting) + len(r.running) for r in made["decode"] if r.index in stalled)
+        how = (f"{livelock}, and the run stopped at {env.now:.6g} s" if livelock is not None else
+               "idle with requests it cannot schedule, and nothing left to free their blocks")
         summary.setdefault("warnings", []).append(
-            f"decode replica(s) {', '.join(map(str, stalled))} stalled with {stuck} request(s) waiting: their KV is "
+            f"decode replica(s) {', '.join(map(str, stalled))} stalled with {stuck} request(s): {how}. Their KV is "
             "held by transferred requests queued behind a preempted one that cannot get its blocks back (a "
             "first-come-first-served queue, as vLLM's, stops at its head); give the decode pool more KV "
             "(gpu_memory_utilization, tensor_parallel_size, a larger GPU)")
@@ -178,8 +215,10 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     if preset is not None:
         summary["engine_preset"] = preset
     kv0 = dec.caches[0]
+    hardware = [getattr(p.parts.cost.hardware, "name", p.scenario.hardware) for p in (pre, dec)]
     meta = dict(parts.meta, policy=summary["policy"], kv_blocks=kv0.total_blocks, block_size=kv0.block_size,
-                kv_capacity_tokens=kv0.total_blocks * kv0.block_size, replicas=n)
+                kv_capacity_tokens=kv0.total_blocks * kv0.block_size, replicas=n,
+                hardware=hardware[0] if hardware[0] == hardware[1] else f"{hardware[0]} (prefill) + {hardware[1]} (decode)")
     prov = provenance(scenario, parts, dec.policies[0], meta, dec.max_len, "python")
     prov["policy"] = {"prefill": pre.policies[0].config.model_dump(mode="json"),
                       "decode": dec.policies[0].config.model_dump(mode="json")}

@@ -45,7 +45,7 @@ PREFIX_ROW: tuple[str, str, str] = ("prefix cache hit rate", "prefix_cache_hit_r
 # Shown after "engine" when a run was a disaggregated deployment (docs/disaggregation.md).
 DISAGG_ROWS: tuple[tuple[str, str, str], ...] = (
     ("GPUs (prefill + decode)", "disagg:gpus", ""),
-    ("TTFT p50: queue / prefill / transfer / decode (ms)", "disagg:split", ""),
+    ("TTFT p50 split (ms)", "disagg:split", ""),
     ("prefill pool busy / MFU", "disagg:prefill", ""),
     ("decode pool busy / MBU", "disagg:decode", ""),
     ("KV link busy (max endpoint)", "disagg:link", ""),
@@ -99,7 +99,9 @@ def _disagg_cell(d: dict | None, what: str) -> str:
         return f"{d['gpus']} ({pools['prefill']['gpus']} + {pools['decode']['gpus']})"
     if what == "split":
         split = d["ttft_split"]
-        return " / ".join(_value(split.get(k, {}), "median_ms") for k in ("queue", "prefill", "transfer", "decode_first"))
+        names = (("frontend_in", "frontend"),) if "frontend_in" in split else ()
+        names += (("queue", "queue"), ("prefill", "prefill"), ("transfer", "transfer"), ("decode_first", "decode"))
+        return " / ".join(f"{label} {_value(split.get(k, {}), 'median_ms')}" for k, label in names)
     if what == "link":
         link = d["link"]
         return f"{max(link['utilization_prefill_egress']['max'], link['utilization_decode_ingress']['max']):.1%}"

@@ -50,7 +50,16 @@ from batchsim.sim.kv import blocks_for_tokens
 from batchsim.sim.state import COMPLETED, REJECTED, Seq
 from batchsim.sim.types import Workload
 
-__all__ = ["LinkSpec", "KVLink", "DisaggCluster", "TRANSFER_MODES", "FIRST_TOKEN", "TRANSFER_COLUMNS"]
+__all__ = ["LinkSpec", "KVLink", "DisaggCluster", "Livelock", "TRANSFER_MODES", "FIRST_TOKEN", "TRANSFER_COLUMNS",
+           "LIVELOCK_PREEMPTIONS"]
+
+LIVELOCK_PREEMPTIONS = 1000
+"""A decode-pool request preempted this many times is in a livelock (module docstring): the run stops."""
+
+
+class Livelock(RuntimeError):
+    """A decode replica can no longer make progress however long it runs (:meth:`DisaggCluster.stalled`).
+    (One message argument: SimPy re-raises a process's exception as ``type(e)(*e.args)``.)"""
 
 TRANSFER_MODES = ("per_request", "per_layer")
 FIRST_TOKEN = ("prefill", "decode")
@@ -159,6 +168,7 @@ class DisaggCluster(Cluster):
         self.alloc: list[deque] = [deque() for _ in self.decode]  # (waiting for decode blocks)
         self.in_transit: set[int] = set()
         self.flying = [0] * len(self.decode)  # transfers on the link to each decode replica
+        self.livelocked: list[int] = []
         self.col = {c: np.full(n, np.nan) for c in TRANSFER_COLUMNS}
         self.col["prefill_replica"] = np.full(n, -1, dtype=np.int64)
         self._dlimit = [(r.max_model_len, r.kv.total_blocks, r.kv.block_size) for r in self.decode]
@@ -217,6 +227,7 @@ class DisaggCluster(Cluster):
         now, rid = self.env.now, pf.rid
         seq = self.seq[rid]
         seq.num_preemptions += pf.num_preemptions
+        seq.cached_tokens += pf.cached_tokens  # (the prefill pool's prefix-cache hits)
         col = self.col
         col["prefill_admitted"][rid] = pf.admitted
         col["prefill_end"][rid] = now
@@ -234,10 +245,21 @@ class DisaggCluster(Cluster):
         self._admit_transfers(pool.replica)
 
     def _admit_transfers(self, replica: Replica) -> None:
-        """Take decode blocks for the waiting transfers, first come first served, as they are free."""
+        """Take decode blocks for the waiting transfers, first come first served, as they are free and
+        as vLLM's scheduler reaches them: behind every request already in the replica's queue, so
+        not while a preempted request (which holds no KV) waits there for its blocks."""
         pos = replica.index - self.decode[0].index
+        waiting = replica.waiting
+        if waiting and waiting[0].num_preemptions >= LIVELOCK_PREEMPTIONS:
+            self.livelocked.append(replica.index)
+            raise Livelock(f"decode replica {replica.index} livelocked at {self.env.now:.6g} s: request "
+                           f"{waiting[0].rid} was preempted {LIVELOCK_PREEMPTIONS} times")
         queue = self.alloc[pos]
+        if not queue:
+            return
         kv, now = replica.kv, self.env.now
+        if any(kv.held(s.rid) == 0 for s in waiting):
+            return
         while queue:
             seq, src, hold, step_start, prefill_end = queue[0]
             if kv.blocks_needed(seq, hold) > kv.free_blocks:
@@ -289,14 +311,17 @@ class DisaggCluster(Cluster):
         return out
 
     def stalled(self) -> list[int]:
-        """Decode replicas that can never move again: nothing running, requests waiting, none of
-        them admissible, and no transfer on the link to it (one waiting for its blocks cannot get
-        them: nothing will free any). It happens when the KV is held by transferred
+        """Decode replicas that can never move again: idle with requests running or waiting that it
+        cannot schedule, and no transfer on the link to it (one waiting for its blocks cannot get
+        them: nothing will free any), or livelocked (a request preempted
+        :data:`LIVELOCK_PREEMPTIONS` times: a recompute that keeps preempting itself one block
+        short, chunk after chunk). It happens when the KV is held by transferred
         requests queued behind a preempted one that cannot get its blocks back: a first-come-first-
         served queue (vLLM's scheduler breaks at the first request it cannot allocate) stops at its
         head, and the transferred requests' blocks are never freed."""
-        return [r.index for r, n in zip(self.decode, self.flying)
-                if not r.running and r.waiting and not n and r._wake is not None]
+        idle = [r.index for r, n in zip(self.decode, self.flying)
+                if (r.running or r.waiting) and not n and r._wake is not None]
+        return sorted(set(idle + self.livelocked))
 
     def transfer_columns(self, requests) -> dict[str, np.ndarray]:
         """The :data:`TRANSFER_COLUMNS` for the request records (rows in ``requests['rid']`` order);

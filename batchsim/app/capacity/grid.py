@@ -196,11 +196,18 @@ def build_configs(scenario: Scenario, hardware: Sequence[str] = (), tps: Sequenc
             raise InputError(f"{key}: none of the policies ({', '.join(names)}) has this knob", "--knob")
     d = scenario.disaggregation
     kinds = tuple(deployments) or ((COLOCATED,) if d is None else ((d.prefill.replicas, d.decode.replicas),))
+    colocated = scenario
+    if d is not None and COLOCATED in kinds:  # (the scenario without its pools: its policy is swapped)
+        from batchsim.app.compare import scenario_data
+
+        data = scenario_data(scenario)
+        data.pop("disaggregation")
+        colocated = scenario_from_dict(data, "the scenario, colocated")
     configs: dict[str, PlanConfig] = {}
     for kind in kinds:
         own = (str(scenario.policy["name"]),)  # (a deployment's pools name their policies themselves)
         for hw, tp, p in itertools.product(hws, tp_list, names if kind == COLOCATED else own):
-            base = with_policy(scenario, p)
+            base = with_policy(colocated if kind == COLOCATED else scenario, p)
             # (a disaggregation.* knob, such as a pool's hardware, is the deployments' alone)
             mine = [(k, vals) for k, vals in knobs if _applies(k, p)
                     and not (kind == COLOCATED and k.startswith("disaggregation."))]
