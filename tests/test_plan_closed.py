@@ -28,7 +28,7 @@ def test_an_integer_search_brackets_whole_client_counts(start, capacity):
 def test_an_integer_search_says_clients_and_stops_at_one_and_at_its_cap():
     none = search(step(0), {"p99_ttft_ms": 100}, 8, integer=True, unit="clients")
     assert none.status == FAIL and none.capacity == 0.0 and none.limit_rate == 1
-    assert none.limit_reason == "fails even at 1 clients: p99_ttft_ms 1000 > 100"
+    assert none.limit_reason == "fails even at 1 client: p99_ttft_ms 1000 > 100"
     capped = search(step(10**6), {"p99_ttft_ms": 100}, 16, integer=True, unit="clients", cap=99)
     assert capped.capacity == 99 and capped.limit_rate is None and max(n for n, _ in capped.trail) == 99
     assert capped.limit_reason == "every SLO met up to 99 clients, the most this search may try"
@@ -36,7 +36,7 @@ def test_an_integer_search_says_clients_and_stops_at_one_and_at_its_cap():
 
 CLOSED = {
     "name": "closed-plan", "model": "llama-3-8b", "hardware": "h100-sxm", "policy": {"name": "chunked_prefill"},
-    "workload": {"num_requests": 120, "arrival": {"process": "closed", "concurrency": 8, "think_time_s": 0},
+    "workload": {"num_requests": 300, "arrival": {"process": "closed", "concurrency": 8, "think_time_s": 0},
                  "prompt_tokens": {"dist": "lognormal", "median": 600, "p90": 2000, "max": 4000},
                  "output_tokens": {"dist": "lognormal", "median": 60, "p90": 200, "max": 400}},
 }
@@ -61,6 +61,8 @@ def test_a_closed_loop_plan_searches_clients_and_prices_their_throughput(tmp_pat
         assert r["p90_ttft_ms"] <= 300.0 and r["p90_tpot_ms"] <= 25.0
         assert r["capacity_estimate_rps"] is None  # (the interval is in clients)
         assert "--set workload.arrival.concurrency=" in r["reproduce"] and "arrival.rate" not in r["reproduce"]
+        n = int(r["capacity_clients"])  # (the burst at t=0 and the wind-down are left out of the window)
+        assert f'"cooldown_requests": {n}, "warmup_requests": {n}' in r["reproduce"]
     # the reproduce command runs the point the row reports
     from batchsim.app.config import load_scenario
     from batchsim.app.runner import run_scenario
@@ -76,3 +78,17 @@ def test_a_closed_loop_plan_searches_clients_and_prices_their_throughput(tmp_pat
 
 def pd_float(v):
     return None if v != v else float(v)  # (NaN: none)
+
+
+def test_the_measured_window_can_leave_out_the_first_and_last_arrivals():
+    import numpy as np
+
+    from batchsim.sim.metrics import in_window
+
+    arrival = np.array([0.0, 0.0, 0.0, 1.0, 2.0, 2.5, 3.0, 4.0])
+    assert in_window(arrival, 0.0, 0.0).all()
+    assert list(in_window(arrival, 0.0, 0.0, 3, 2)) == [False] * 3 + [True] * 3 + [False] * 2
+    assert list(in_window(arrival, 1.5, 0.0, 1, 0)) == [False] * 4 + [True] * 4  # (time and count rules both)
+    assert not in_window(arrival, 0.0, 0.0, 5, 5).any()
+    unsorted = np.array([3.0, 0.0, 2.0, 1.0])  # (a closed loop's send times need not follow rid order)
+    assert list(in_window(unsorted, 0.0, 0.0, 1, 1)) == [False, False, True, True]

@@ -159,7 +159,8 @@ def simulate_task(task: RunTask):
     result = simulate(scenario, parts)
     meta = dict(result.meta, peak_flops=float(parts.cost.peak_flops),
                 peak_bandwidth=float(parts.cost.peak_bandwidth), replicas=scenario.replicas,
-                warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s)
+                warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
+                warmup_requests=scenario.measure.warmup_requests, cooldown_requests=scenario.measure.cooldown_requests)
     return result, meta
 
 

@@ -46,6 +46,10 @@ class MeasureConfig(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", frozen=True)
     warmup_s: float = Field(0.0, ge=0, description="ignore requests arriving before this time")
     cooldown_s: float = Field(0.0, ge=0, description="ignore requests arriving this long before the last arrival")
+    warmup_requests: int = Field(0, ge=0, description="ignore the first this many arrivals too (a closed loop's "
+                                                      "clients all send at t=0: plan sets it to the clients)")
+    cooldown_requests: int = Field(0, ge=0, description="ignore the last this many arrivals too (a closed loop "
+                                                        "winds down as its clients run out of requests)")
     step_records: bool = Field(True, description="write the step records (steps.csv or steps.parquet, one row "
                                                  "per step; batchsim run streams them to the file as it goes)")
     records: Literal["full", "aggregate"] = Field(

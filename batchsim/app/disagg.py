@@ -185,7 +185,8 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
             peak_flops=sum(p.parts.cost.peak_flops * p.spec.replicas for p in (pre, dec)) / n,
             peak_bandwidth=sum(p.parts.cost.peak_bandwidth * p.spec.replicas for p in (pre, dec)) / n,
             kv_total_blocks=sum(c.total_blocks for c in caches), kv_peak_blocks=sum(c.peak_used for c in caches),
-            warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s)
+            warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
+            warmup_requests=scenario.measure.warmup_requests, cooldown_requests=scenario.measure.cooldown_requests)
 
     sent = cluster.arrival
     requests, step_df, itl, summary, sim_end = conclude(
@@ -255,7 +256,8 @@ def _report(scenario: Scenario, requests: pd.DataFrame, steps: StepTotals, link:
             summary: dict, end: float) -> dict:
     """The deployment's own figures: GPUs, the TTFT split, each pool's utilization, the link's."""
     m = scenario.measure
-    win = requests[in_window(requests["arrival"].to_numpy(), m.warmup_s, m.cooldown_s)] if len(requests) else requests
+    win = (requests[in_window(requests["arrival"].to_numpy(), m.warmup_s, m.cooldown_s, m.warmup_requests,
+                              m.cooldown_requests)] if len(requests) else requests)
     done = win[win["status"] == COMPLETED]
     split = ttft_parts(done) if len(done) else {k: np.empty(0) for k in ("frontend_in", *TTFT_PARTS)}
     pools = {}

@@ -271,6 +271,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
             peak_bandwidth=parts.cost.peak_bandwidth, kv_total_blocks=kv0.total_blocks,
             kv_peak_blocks=max(c.peak_used for c in caches),
             warmup_s=scenario.measure.warmup_s, cooldown_s=scenario.measure.cooldown_s,
+            warmup_requests=scenario.measure.warmup_requests, cooldown_requests=scenario.measure.cooldown_requests,
         )
 
     requests, step_df, itl, summary, _ = conclude(

@@ -56,7 +56,12 @@ def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | N
     cols = [Column("configuration", "config", "text"), Column("status", "status", "text")]
     if clients:
         cols += [Column("clients per unit", "capacity_clients", "int")]
-    if intervals:
+    if clients:  # (the interval is the clients'; the req/s is what the low end's clients got)
+        cols += [Column("throughput at capacity (req/s per unit)", "capacity_rps", "f2")]
+        if intervals:
+            cols += [Column("clients 95% interval (estimate)", "capacity_interval", "text"),
+                     Column("seeds at capacity", "seeds", "int")]
+    elif intervals:
         cols += [Column("capacity (req/s per unit, 95% low end)", "capacity_rps", "f2"),
                  Column("capacity 95% interval (estimate)", "capacity_interval", "text"),
                  Column("seeds at capacity", "seeds", "int")]
@@ -76,7 +81,9 @@ def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | N
         cols += [Column("replicas", "replicas", "int")]
     cols += [Column("GPUs", "gpus", "int"), Column("$/hour", "usd_per_hour", "f2"),
              Column("$/1M output tokens", "usd_per_1m_output_tokens", "f3"),
-             Column("Pareto", "pareto_text", "text"), Column("first failing rate (req/s)", "limit_rps", "f2"),
+             Column("Pareto", "pareto_text", "text"),
+             Column("first failing clients", "limit_clients", "int") if clients else
+             Column("first failing rate (req/s)", "limit_rps", "f2"),
              Column("why it failed", "limit_reason", "text")]
     return cols
 
@@ -247,7 +254,7 @@ def console_table(frame: pd.DataFrame, slos: Sequence[str], metric: str, target_
     intervals = has_intervals(frame) if intervals is None else intervals
     cols = [c for c in plan_columns(slos, metric, target_rate, rejections, intervals, disaggregated(frame),
                                     closed_loop(frame))
-            if c.key != "limit_rps"]
+            if c.key not in ("limit_rps", "limit_clients")]
     cells = [[format_cell(r, c)[0] for c in cols] for r in _display_rows(frame)]
     return PlanTable(cols, cells, title)
 

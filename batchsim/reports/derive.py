@@ -18,13 +18,21 @@ __all__ = ["measured_completed", "report_itl", "latency_samples_ms", "timeline",
 TIMELINE_FIELDS = ("t", "batch_size", "kv_usage", "queue_depth", "mfu", "mbu", "compute_share")
 
 
-def measured_completed(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> pd.DataFrame:
-    """Completed requests in the measured window (as ``batchsim.sim.metrics`` counts them)."""
+def measured_completed(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0,
+                       warmup_requests: int = 0, cooldown_requests: int = 0) -> pd.DataFrame:
+    """Completed requests in the measured window (batchsim.sim.metrics.in_window, as the summary counts them)."""
+    from batchsim.sim.metrics import in_window
+
     if requests.empty:
         return requests
-    hi = requests["arrival"].max() - cooldown_s
-    win = requests[(requests["arrival"] >= warmup_s) & (requests["arrival"] <= hi)]
+    win = requests[in_window(requests["arrival"].to_numpy(dtype=np.float64), warmup_s, cooldown_s,
+                             warmup_requests, cooldown_requests)]
     return win[win["status"] == "completed"]
+
+
+def _window_of(meta: dict) -> tuple:
+    return (meta.get("warmup_s", 0.0), meta.get("cooldown_s", 0.0), int(meta.get("warmup_requests", 0) or 0),
+            int(meta.get("cooldown_requests", 0) or 0))
 
 
 def report_itl(requests: pd.DataFrame, itl, meta: dict) -> pd.DataFrame:
@@ -32,14 +40,14 @@ def report_itl(requests: pd.DataFrame, itl, meta: dict) -> pd.DataFrame:
     ``gap`` (s) and ``count``: what compare's report keeps of a run's batchsim.sim.itl.ItlRecords."""
     from batchsim.sim.metrics import measured_gaps
 
-    done = measured_completed(requests, meta.get("warmup_s", 0.0), meta.get("cooldown_s", 0.0))
+    done = measured_completed(requests, *_window_of(meta))
     return measured_gaps(itl, done).weighted_frame()
 
 
 def latency_samples_ms(requests: pd.DataFrame, itl: pd.DataFrame, meta: dict) -> dict[str, np.ndarray]:
     """TTFT, TPOT, E2E per measured request, in ms; ``itl`` the report's gaps (:func:`report_itl`)
     in ms with their counts in ``itl_counts``."""
-    done = measured_completed(requests, meta.get("warmup_s", 0.0), meta.get("cooldown_s", 0.0))
+    done = measured_completed(requests, *_window_of(meta))
     out = {}
     for key in ("ttft", "tpot", "e2el"):
         v = done[key].to_numpy(dtype=float) if len(done) else np.empty(0)

@@ -17,7 +17,8 @@ from batchsim.reports.stats import aggregate
 __all__ = ["PolicyRun", "ReportInfo", "RUN_META_KEYS"]
 
 # Run facts the plots need beyond the records (all per replica but ``replicas``).
-RUN_META_KEYS = ("replicas", "kv_blocks", "peak_flops", "peak_bandwidth", "warmup_s", "cooldown_s")
+RUN_META_KEYS = ("replicas", "kv_blocks", "peak_flops", "peak_bandwidth", "warmup_s", "cooldown_s",
+                 "warmup_requests", "cooldown_requests")
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,8 @@ class RunTotals:
     kv_peak_blocks: int  # max over replicas
     warmup_s: float = 0.0
     cooldown_s: float = 0.0
+    warmup_requests: int = 0
+    cooldown_requests: int = 0
 
 
 def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:
@@ -124,18 +126,28 @@ def measured_gaps(itl: ItlRecords, done: pd.DataFrame) -> ItlRecords:
     return itl.select(keep)
 
 
-def in_window(arrival: np.ndarray, warmup_s: float, cooldown_s: float) -> np.ndarray:
-    """Which arrivals are measured: in ``[warmup_s, last arrival - cooldown_s]``."""
+def in_window(arrival: np.ndarray, warmup_s: float, cooldown_s: float, warmup_requests: int = 0,
+              cooldown_requests: int = 0) -> np.ndarray:
+    """Which arrivals are measured: in ``[warmup_s, last arrival - cooldown_s]``, less the first
+    ``warmup_requests`` and the last ``cooldown_requests`` arrivals (in arrival order, ties by
+    position): the one statement of the measured window (docs: DESIGN.md, metrics)."""
     if not len(arrival):
         return np.zeros(0, dtype=bool)
     hi = arrival.max() - cooldown_s
-    return (arrival >= warmup_s) & (arrival <= hi)
+    keep = (arrival >= warmup_s) & (arrival <= hi)
+    if warmup_requests or cooldown_requests:
+        order = np.argsort(arrival, kind="stable")
+        keep[order[:warmup_requests]] = False
+        if cooldown_requests:
+            keep[order[len(order) - min(cooldown_requests, len(order)):]] = False
+    return keep
 
 
 def _window(requests: pd.DataFrame, totals: RunTotals) -> pd.DataFrame:
     if requests.empty:
         return requests
-    return requests[in_window(requests["arrival"].to_numpy(), totals.warmup_s, totals.cooldown_s)]
+    return requests[in_window(requests["arrival"].to_numpy(), totals.warmup_s, totals.cooldown_s,
+                              totals.warmup_requests, totals.cooldown_requests)]
 
 
 def _slo_ok(done: pd.DataFrame, slo: dict[str, float] | None) -> np.ndarray:

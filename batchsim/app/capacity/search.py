@@ -278,7 +278,8 @@ def search(evaluate: Callable[[float], Mapping[str, float]], slos: Mapping[str, 
             first = min(first, cap)
         lo, hi = _bracket(probe, first, max_doublings, max_halvings, integer, cap)
         if lo is None:
-            return SearchOutcome(0.0, None, hi, f"fails even at {hi:.4g} {unit}: {seen[hi][1]}", trail, FAIL)
+            what = "1 client" if integer and hi == 1 else f"{hi:.4g} {unit}"
+            return SearchOutcome(0.0, None, hi, f"fails even at {what}: {seen[hi][1]}", trail, FAIL)
         while hi is not None and hi - lo > tol * lo and not (integer and hi - lo <= 1):
             mid = (lo + hi) // 2 if integer else (lo + hi) / 2.0
             if probe(mid):

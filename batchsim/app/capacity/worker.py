@@ -105,15 +105,16 @@ def point_key(point_scenario: dict, base_dir: str | None) -> str:
     return key(point_scenario, base_dir, kind="plan", format=POINT_FORMAT)
 
 
-def queue_metrics(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> dict:
+def queue_metrics(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0, warmup_requests: int = 0,
+                  cooldown_requests: int = 0) -> dict:
     """Queueing delay (first admission - arrival, ms) of the completed requests
     in the measured window: mean, median, p90, p99 and max (None when there are none)."""
+    from batchsim.reports.derive import measured_completed
+
     names = ("mean", "median", "p90", "p99", "max")
     if requests.empty:
         return {f"{n}_queue_ms": None for n in names}
-    hi = requests["arrival"].max() - cooldown_s
-    win = requests[(requests["arrival"] >= warmup_s) & (requests["arrival"] <= hi)
-                   & (requests["status"] == "completed")]
+    win = measured_completed(requests, warmup_s, cooldown_s, warmup_requests, cooldown_requests)
     q = ((win["admitted"] - win["arrival"]).to_numpy(dtype=float) * 1000.0)
     q = q[~np.isnan(q)]
     if not len(q):
@@ -154,7 +155,7 @@ def _estimates(scenario: Scenario, parts, limits: dict) -> dict:
     fixed_span = w.duration_s if (w.num_requests is None and w.duration_s is not None and w.trace is None) else None
     closed = wl.closed is not None
     if closed:  # (a closed loop's clients: start from the batch the estimate assumes)
-        start = float(min(batch, max(1, len(wl) - 1)))
+        start = float(max(1, min(batch, len(wl) - 1)))
     return {"start": start, "drain": drain, "n": len(wl), "span": fixed_span,
             "mean_output_tokens": float(output.mean()), "closed": closed}
 
@@ -167,13 +168,19 @@ def is_closed(scenario: Scenario) -> bool:
 
 def point_scenario(config: Scenario, rate: float, est: dict) -> dict:
     """The scenario of one point: the config at ``rate`` with the plan's horizon; for a closed loop
-    (``est["closed"]``) ``rate`` is its clients and there is no horizon (its clients wait for
-    their responses, so an overloaded point cannot run away: it ends when its requests are done)."""
+    (``est["closed"]``) ``rate`` is its clients, there is no horizon (its clients wait for
+    their responses, so an overloaded point cannot run away: it ends when its requests are done),
+    and its measured window leaves out the first and last ``rate`` arrivals (the burst at t=0 and
+    the wind-down)."""
     from batchsim.app.compare import scenario_data
     from batchsim.app.sweep import with_concurrency, with_rate
 
     if est.get("closed"):
-        return scenario_data(with_concurrency(config, int(rate)))
+        # (its clients all send at t=0 and run out of requests at the end: the window leaves out the
+        # first and the last `clients` arrivals, what is measured is the steady state)
+        data = scenario_data(with_concurrency(config, int(rate)))
+        data["measure"] = {**data.get("measure", {}), "warmup_requests": int(rate), "cooldown_requests": int(rate)}
+        return data
     data = scenario_data(with_rate(config, rate))
     span = est["span"] if est["span"] is not None else est["n"] / rate
     data["horizon_s"] = float(f"{HORIZON_SPANS * span + est['drain']:.6g}")
@@ -205,7 +212,8 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     # NOTE: None (a null latency) is kept: a missing SLO metric is "not evaluable", not a pass
     metrics = {k: v for k, v in result.summary.items()
                if v is None and k != "engine_reason" or isinstance(v, (int, float)) and not isinstance(v, bool)}
-    metrics.update(queue_metrics(req, sc.measure.warmup_s, sc.measure.cooldown_s))
+    m = sc.measure
+    metrics.update(queue_metrics(req, m.warmup_s, m.cooldown_s, m.warmup_requests, m.cooldown_requests))
     rejected = req[req["status"] == "rejected"]
     metrics["all_rejected"] = int(len(rejected))
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
@@ -326,15 +334,18 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
         return pooled[rate]
 
     closed = est["closed"]
+    # (a closed loop: whole client counts; N clients' window leaves out 2N of the requests (point_scenario),
+    # so at most the count that leaves --min-requests measured, and fewer than the requests: batchsim.app.sweep)
+    cap = max(1, min(est["n"] - 1, (est["n"] - task.min_requests) // 2)) if closed else None
 
     def run_search(bound: str):
-        # (a closed loop: whole client counts, at most one fewer than its requests: batchsim.app.sweep)
         return search(evaluate, slos, est["start"], task.tol, min_requests=task.min_requests,
                       allow_rejections=task.allow_rejections, bound=bound, integer=closed,
-                      unit="clients" if closed else "req/s", cap=est["n"] - 1 if closed else None)
+                      unit="clients" if closed else "req/s", cap=cap)
 
     found = run_search(BOUNDS[0])
     out.capacity, out.metrics = found.capacity, found.metrics
+    capped = closed and found.capacity == cap
     out.limit_rate, out.limit_reason = found.limit_rate, found.limit_reason
     if found.status == NOT_EVALUABLE:
         out.status = "not evaluable"
@@ -356,6 +367,11 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                 notes.append(f"judged at {where}, no capacity: {other.limit_reason}")
         out.estimate, out.upper = ends["mean"], ends["lower"]
         out.interval_note = "; ".join(notes)
+    if capped:  # (the cap is the workload's, not a measured limit)
+        out.interval_note = "; ".join(x for x in (out.interval_note, f"capped at {cap} clients, the most whose window "
+                                                  f"(the requests less 2 x clients) keeps --min-requests "
+                                                  f"{task.min_requests} measured: raise workload.num_requests to find the "
+                                                  "limit") if x)
     out.rates = len(pooled)
     if out.metrics is not None:  # the row's metrics: means and half-widths, not every seed's
         out.metrics = {k: v for k, v in out.metrics.items() if k != "per_seed"}

@@ -25,7 +25,7 @@ ListOpt = Optional[list[str]]
 
 
 def plan_command(
-    scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate is searched)")],
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file (its workload.arrival.rate is searched; a closed loop's clients)")],
     slo: Annotated[ListOpt, typer.Option("--slo", help="NAME=LIMIT_MS a configuration must meet, e.g. p99_ttft_ms=500 "
                                                        "(repeatable; names are summary.json keys, plus *_queue_ms)")] = None,
     target_rate: Annotated[Optional[float], typer.Option(help="requests/s the fleet must serve (sizes replicas and cost)")] = None,
