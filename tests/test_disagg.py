@@ -437,3 +437,15 @@ def test_cache_aware_router_balances_when_load_is_skewed():
     assert route([R(0, 10, hot), R(1, 0, cold)], seq) == 0  # balanced (10 - 0 <= 32): the prefix wins
     assert route([R(0, 40, hot), R(1, 5, cold)], seq) == 1  # 35 > 32 and 40 > 1.1 x 5: the least loaded
     assert route([R(0, 3, PagedKVCache(10, 16)), R(1, 1, PagedKVCache(10, 16))], seq) == 1  # no prefix cache
+
+
+def test_sweep_and_compare_run_a_disaggregated_scenario_as_its_deployment(tmp_path):
+    from batchsim.app.compare import compare
+    from batchsim.app.sweep import sweep
+
+    sc = scenario_from_dict({**SCENARIO, "workload": {**SCENARIO["workload"], "num_requests": 40}})
+    res = sweep(sc, [4.0, 8.0], seeds=1, executor="serial")
+    assert list(res.policies) == ["1P2D"]
+    cmp = compare(sc, seeds=1, executor="serial")
+    assert [r.policy for r in cmp.runs] == ["1P2D"]
+    assert cmp.runs[0].summaries[0]["disaggregation"]["gpus"] == 3

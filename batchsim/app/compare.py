@@ -43,7 +43,7 @@ from batchsim.sim.measure import DEFAULT_SEEDS
 from batchsim.sim.io import atomic_write_bytes, atomic_write_text
 from batchsim.app.workers import interrupted, run_tasks
 
-__all__ = ["DEFAULT_POLICIES", "DEFAULT_SEEDS", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
+__all__ = ["policy_variants", "DEFAULT_POLICIES", "DEFAULT_SEEDS", "KEEP_KNOBS", "Comparison", "RunTask", "RunOutput", "compare",
            "parse_policies", "with_policy", "with_seed", "scenario_data", "run_task",
            "simulate_task", "report_info", "write_comparison", "call_text", "policy_config",
            "describe_workload", "knob_text", "POINT_FORMAT", "REPORT_RECORDS", "point_key", "points_folder",
@@ -55,6 +55,17 @@ DEFAULT_POLICIES = ("static", "dynamic", "continuous", "chunked_prefill")
 # that have it) is the same whichever policy a compare, sweep, plan or `run --policy` swaps in.
 KEEP_KNOBS = ("block_size", "gpu_memory_utilization", "gpu_memory_utilization_of", "max_model_len",
               "enable_prefix_caching")
+
+
+def policy_variants(scenario: Scenario, policies: str | Sequence[str] | None) -> list[tuple[str, Scenario]]:
+    """``(label, scenario)`` per policy compare and sweep run: :func:`with_policy` of each. A
+    disaggregated scenario with the default policies runs its own deployment alone, labelled xPyD
+    (its pools name their policies; another policy is an error: :func:`with_policy`)."""
+    names = parse_policies(policies)
+    d = scenario.disaggregation
+    if d is not None and names == DEFAULT_POLICIES:
+        return [(f"{d.prefill.replicas}P{d.decode.replicas}D", scenario)]
+    return [(p, with_policy(scenario, p)) for p in names]
 
 
 def parse_policies(text: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -397,8 +408,8 @@ def compare(scenario: Scenario, policies: Sequence[str] = DEFAULT_POLICIES, seed
     """
     if seeds < 1:
         raise InputError(f"must be at least 1, got {seeds}", "--seeds")
-    names = parse_policies(policies)
-    variants = [with_policy(scenario, p) for p in names]
+    pairs = policy_variants(scenario, policies)
+    names, variants = [p for p, _ in pairs], [v for _, v in pairs]
     knobs = [policy_config(v) if task_fn is run_task else dict(v.policy) for v in variants]
     base = str(base_dir) if base_dir is not None else None
     tasks = [RunTask(scenario_data(with_seed(v, i)), base, p, i, keep_records=(i == 0))

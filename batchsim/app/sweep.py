@@ -24,9 +24,9 @@ from batchsim.reports.runs import ReportInfo
 from batchsim.reports.stats import aggregate
 from batchsim.reports.tables import csv_frame
 from batchsim.reports.sweep import mark_saturation, saturation_points
-from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, knob_text, parse_policies, plain, point_key,
+from batchsim.app.compare import (DEFAULT_POLICIES, RunTask, knob_text, plain, point_key, policy_variants,
                                   points_folder, policy_config, read_point, report_info, run_resumable,
-                                  scenario_data, simulate_task, with_policy, with_seed, write_point)
+                                  scenario_data, simulate_task, with_seed, write_point)
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
 from batchsim.sim.measure import DEFAULT_SEEDS
@@ -178,12 +178,12 @@ def sweep(scenario: Scenario, rates: Sequence[float] | None, policies: Sequence[
         raise InputError("give the loads to sweep: --rates or --concurrency (one of them)", "--rates")
     closed = concurrency is not None
     rates = parse_concurrency(concurrency) if closed else parse_rates(rates)
-    names = parse_policies(policies)
+    pairs = policy_variants(scenario, policies)
+    names = [p for p, _ in pairs]
     load = with_concurrency if closed else with_rate
     base = str(base_dir) if base_dir is not None else None
     tasks, knobs = [], []
-    for p in names:
-        variant = with_policy(scenario, p)
+    for p, variant in pairs:
         knobs.append(policy_config(variant) if task_fn is sweep_task else dict(variant.policy))
         for r in rates:
             rated = load(variant, r)
