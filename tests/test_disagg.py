@@ -275,6 +275,9 @@ def test_heterogeneous_pools_price_each_on_its_hardware():
     s = run_scenario(scenario_from_dict(sc)).summary
     pools = s["disaggregation"]["pools"]
     assert pools["decode"]["hardware"] != pools["prefill"]["hardware"]
+    # each pool's host overhead at its own TP (the datasheet profiles' per-step term grows with TP)
+    assert pools["decode"]["overheads"]["host"]["per_step_us_at_tp"] >= pools["prefill"]["overheads"]["host"]["per_step_us_at_tp"]
+    assert "h100-sxm (prefill) + " in s["provenance"]["hardware"]
     assert s["disaggregation"]["gpus"] == 3
 
 

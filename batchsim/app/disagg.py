@@ -210,8 +210,8 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     summary["disaggregation"] = _report(scenario, requests, step_totals, link, pre, dec, summary, sim_end)
     summary["engine"] = "python"
     summary["engine_reason"] = ENGINE_REASON
-    if scenario.overheads.updates() or fe is not None:
-        summary["overheads"] = overhead_terms(pre.parts.cost)
+    if scenario.overheads.updates() or fe is not None:  # (the frontend a request meets: the prefill pool's;
+        summary["overheads"] = overhead_terms(pre.parts.cost)  # each pool's own terms: disaggregation.pools)
     preset = preset_report(scenario)
     if preset is not None:
         summary["engine_preset"] = preset
@@ -264,6 +264,7 @@ def _report(scenario: Scenario, requests: pd.DataFrame, steps: StepTotals, link:
     for p in (pre, dec):
         u = pool_utilization(steps, p.replicas, end, p.parts.cost.peak_flops, p.parts.cost.peak_bandwidth)
         u["peak_kv_usage"] = max(c.peak_used / c.total_blocks for c in p.caches)
+        u["overheads"] = overhead_terms(p.parts.cost)  # (each pool's host terms, at its hardware and TP)
         pools[p.name] = {"replicas": p.spec.replicas, "hardware": getattr(p.parts.cost.hardware, "name", p.scenario.hardware),
                          "tensor_parallel_size": p.scenario.tensor_parallel_size, "gpus": p.spec.replicas * p.scenario.tensor_parallel_size,
                          "policy": p.policies[0].name, "kv_blocks_per_replica": p.caches[0].total_blocks, **u}
