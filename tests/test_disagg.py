@@ -452,3 +452,32 @@ def test_sweep_and_compare_run_a_disaggregated_scenario_as_its_deployment(tmp_pa
     cmp = compare(sc, seeds=1, executor="serial")
     assert [r.policy for r in cmp.runs] == ["1P2D"]
     assert cmp.runs[0].summaries[0]["disaggregation"]["gpus"] == 3
+
+
+def test_plan_rows_of_a_disaggregated_file_reproduce_colocated_and_split(tmp_path):
+    """(found late) --disagg colocated with --policies on a file that has a disaggregation section:
+    the reproduce command of a colocated row unsets it (--set disaggregation=null) and swaps the policy."""
+    import shlex
+
+    import yaml
+
+    from batchsim.app.capacity.planner import PlanSpec, plan
+    from batchsim.app.config import load_scenario
+
+    data = {**SCENARIO, "workload": {**SCENARIO["workload"], "num_requests": 120}}
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = PlanSpec(slos={"p90_ttft_ms": 800.0}, policies=("continuous", "chunked_prefill"),
+                    deployments=("colocated", (1, 1)), seeds=1)
+    res = plan(scenario_from_dict(data), spec, tmp_path / "p", executor="serial", source=(str(path), ()))
+    for _, r in res.frame.iterrows():
+        args = shlex.split(r["reproduce"])
+        policy = args[args.index("--policy") + 1] if "--policy" in args else None
+        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+        sc = load_scenario(args[2], sets)
+        if policy:
+            from batchsim.app.compare import with_policy
+            sc = with_policy(sc, policy)
+        s = run_scenario(sc, keep_steps=False).summary
+        assert s["p90_ttft_ms"] == pytest.approx(r["p90_ttft_ms"]), r["config"]
+        assert ("disaggregation=null" in r["reproduce"]) == (r["deployment"] == "colocated")

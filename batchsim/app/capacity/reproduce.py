@@ -66,7 +66,10 @@ def _loaded(path: str, policy: str | None, sets: Sequence[str]) -> dict:
     from batchsim.app.config import load_scenario
 
     sc = load_scenario(path, list(sets))
-    return scenario_data(with_policy(sc, policy) if policy else sc)
+    data = scenario_data(with_policy(sc, policy) if policy else sc)
+    if "disaggregation" in data and data["disaggregation"] is None:  # (set to null: as if never set)
+        del data["disaggregation"]
+    return data
 
 
 def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str | None:
@@ -75,11 +78,17 @@ def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str
     path = str(path)
     user = list(user_sets)
     base = _loaded(path, None, user)
+    if "disaggregation" in base and "disaggregation" not in target:  # (a colocated row of a disaggregated file)
+        user.append("disaggregation=null")
+        base = _loaded(path, None, user)
     name = str(target.get("policy", {}).get("name"))
     swap = name if name != str(base.get("policy", {}).get("name")) else None
     tries = []
     if swap:
-        sets = scenario_sets(_loaded(path, swap, user), target)
+        try:
+            sets = scenario_sets(_loaded(path, swap, user), target)
+        except Exception:  # noqa: BLE001 - no swap gives it (then the policy is spelled out below)
+            sets = ["policy=<none>"]
         if not any(s.split("=", 1)[0].split(".")[0] == "policy" for s in sets):
             tries.append((swap, user + sets))  # the swap gives the policy as it ran
     tries.append((None, user + scenario_sets(base, target)))  # the policy spelled out
