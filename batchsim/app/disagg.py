@@ -10,7 +10,6 @@ the transfer columns of each request, the TTFT split, the pools' utilization and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -20,7 +19,7 @@ import simpy
 
 from batchsim import policies
 from batchsim.app.config import PoolConfig, Scenario, scenario_from_dict
-from batchsim.app.runner import (Parts, RunResult, _check_max_model_len, _kv_cache, _policy_contract, _seeds,
+from batchsim.app.runner import (Parts, RunResult, _check_max_model_len, _itl_records, _kv_cache, _policy_contract,
                                  build_cost, conclude, overhead_terms, provenance)
 from batchsim.engines import preset_report
 from batchsim.policies.step import IterationConfig
@@ -30,7 +29,7 @@ from batchsim.sim.engine import Replica
 from batchsim.sim.errors import InputError
 from batchsim.sim.frontend import engine_arrivals
 from batchsim.sim.itl import TokenSteps
-from batchsim.sim.metrics import PERCENTILES, RunTotals, in_window, pool_utilization
+from batchsim.sim.metrics import RunTotals, in_window, ms_stats, pool_utilization
 from batchsim.sim.records import FrameSteps, StepStream, request_frame
 from batchsim.sim.router import make_router
 from batchsim.sim.state import COMPLETED, UNFINISHED
@@ -171,8 +170,6 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
                 requests[c] = cols[c]
     else:
         requests = requests.assign(**{c: np.empty(0) for c in TRANSFER_COLUMNS if c != "prefill_admitted"})
-    from batchsim.app.runner import _itl_records
-
     every = made["prefill"] + made["decode"]
     itl = _itl_records(every, cluster.requests, len(workload))
     caches = pre.caches + dec.caches
@@ -207,7 +204,7 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
             "held by transferred requests queued behind a preempted one that cannot get its blocks back (a "
             "first-come-first-served queue, as vLLM's, stops at its head); give the decode pool more KV "
             "(gpu_memory_utilization, tensor_parallel_size, a larger GPU)")
-    summary["disaggregation"] = _report(scenario, requests, step_totals, link, pre, dec, summary, sim_end)
+    summary["disaggregation"] = _report(scenario, requests, step_totals, link, pre, dec, sim_end)
     summary["engine"] = "python"
     summary["engine_reason"] = ENGINE_REASON
     if scenario.overheads.updates() or fe is not None:  # (the frontend a request meets: the prefill pool's;
@@ -245,15 +242,12 @@ def ttft_parts(requests: pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def _ms_stats(v: np.ndarray) -> dict[str, float | None]:
-    v = v[~np.isnan(v)] * 1000.0
-    out = {"mean_ms": float(v.mean()) if len(v) else None}
-    for p in PERCENTILES:
-        out[f"{'median' if p == 50 else f'p{p}'}_ms"] = float(np.percentile(v, p)) if len(v) else None
-    return out
+    """The summary's latency statistics (batchsim.sim.metrics.ms_stats) but the spread."""
+    return {f"{k}_ms": x for k, x in ms_stats(v).items() if k != "std"}
 
 
 def _report(scenario: Scenario, requests: pd.DataFrame, steps: StepTotals, link: KVLink, pre: _Pool, dec: _Pool,
-            summary: dict, end: float) -> dict:
+            end: float) -> dict:
     """The deployment's own figures: GPUs, the TTFT split, each pool's utilization, the link's."""
     m = scenario.measure
     win = (requests[in_window(requests["arrival"].to_numpy(), m.warmup_s, m.cooldown_s, m.warmup_requests,

@@ -45,8 +45,7 @@ from typing import Callable, Sequence
 import numpy as np
 import simpy
 
-from batchsim.sim.engine import Cluster, Replica, over_kv, queue_full, too_long
-from batchsim.sim.kv import blocks_for_tokens
+from batchsim.sim.engine import Cluster, Replica, queue_full
 from batchsim.sim.state import COMPLETED, REJECTED, Seq
 from batchsim.sim.types import Workload
 
@@ -125,7 +124,7 @@ class KVLink:
         return start, done + spec.latency_s
 
 
-class _Pool:
+class _RouterView:
     """A decode replica as its pool's router sees it: its load counts the requests routed to it that
     are still on their way (waiting for blocks or on the link), and ``index`` is its place in the pool."""
 
@@ -161,7 +160,7 @@ class DisaggCluster(Cluster):
         self.decode = list(decode)
         self.decode_route, self.link = decode_route, link
         self.kv_bytes_per_token, self.first_token = float(kv_bytes_per_token), first_token
-        self._pools = [_Pool(r, i) for i, r in enumerate(self.decode)]
+        self._pools = [_RouterView(r, i) for i, r in enumerate(self.decode)]
         self._prefill_pos = {r.index: i for i, r in enumerate(replicas)}
         n = len(workload)
         self.seq: dict[int, Seq] = {}  # rid -> the request's record, while it is on its way
@@ -171,7 +170,6 @@ class DisaggCluster(Cluster):
         self.livelocked: list[int] = []
         self.col = {c: np.full(n, np.nan) for c in TRANSFER_COLUMNS}
         self.col["prefill_replica"] = np.full(n, -1, dtype=np.int64)
-        self._dlimit = [(r.max_model_len, r.kv.total_blocks, r.kv.block_size) for r in self.decode]
         super().__init__(env, replicas, route, workload, max_queue_len)
         for r in replicas:
             r.handoff = self._handoff
@@ -191,14 +189,10 @@ class DisaggCluster(Cluster):
         replica = self.replicas[pos]
         seq.replica = replica.index
         self.col["prefill_replica"][rid] = replica.index
-        # (what the decode pool can never hold is refused at once, in the engine's words)
-        total = prompt + output
-        max_len = min(m for m, _, _ in self._dlimit)
-        if total > max_len:
-            return self._refuse(seq, replica, too_long(total, max_len))
-        blocks, size = min((b * s, b, s) for _, b, s in self._dlimit)[1:]
-        if blocks_for_tokens(total, size) > blocks:
-            return self._refuse(seq, replica, over_kv(total, blocks * size))
+        # (what the decode pool can never hold is refused at once, by the engine's own rule)
+        why = next((w for r in self.decode if (w := r.refusal(seq)) is not None), None)
+        if why is not None:
+            return self._refuse(seq, replica, why)
         if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
             return self._refuse(seq, replica, queue_full(self.max_queue_len))
         self.seq[rid] = seq

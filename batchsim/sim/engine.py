@@ -86,22 +86,40 @@ class Replica:
     def enqueue(self, seq: Seq) -> None:
         """Accept a routed request (or reject one that can never fit)."""
         seq.replica = self.index
-        total = seq.prompt_tokens + seq.output_tokens
-        if total > self.max_model_len:
-            return self.reject(seq, too_long(total, self.max_model_len))
-        if self.kv.blocks_needed(seq, total) > self.kv.total_blocks:
-            return self.reject(seq, over_kv(total, self.kv.total_blocks * self.kv.block_size))
+        why = self.refusal(seq)
+        if why is not None:
+            return self.reject(seq, why)
         self.seqs[seq.rid] = seq
         self.waiting.append(seq)
         self.outstanding += 1
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        """End an idle wait (new work, or KV freed): the loop plans again."""
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _let_go(self, seq: Seq) -> None:
+        """A finished sequence leaves: its KV is freed, or, with a ``handoff``, stays until release_kv."""
+        if self.handoff is None:
+            self.kv.free(seq.rid)
+        else:
+            self.handoff(seq)
+
+    def refusal(self, seq: Seq) -> str | None:
+        """Why this replica can never run ``seq`` (longer than max_model_len, or more KV than it has),
+        or None."""
+        total = seq.prompt_tokens + seq.output_tokens
+        if total > self.max_model_len:
+            return too_long(total, self.max_model_len)
+        if self.kv.blocks_needed(seq, total) > self.kv.total_blocks:
+            return over_kv(total, self.kv.total_blocks * self.kv.block_size)
+        return None
 
     def release_kv(self, rid: int) -> None:
         """Free the KV a handed-off sequence left behind (its transfer is done) and wake the loop."""
         self.kv.free(rid)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self._wake_up()
 
     def reject(self, seq: Seq, reason: str) -> None:
         """Mark ``seq`` rejected: it leaves without running."""
@@ -191,10 +209,7 @@ class Replica:
                 raise PolicyError(f"{self.policy.name}: released rid {rid} has not finished")
             self.running.remove(seq)
             seq.is_running = False
-            if self.handoff is None:
-                kv.free(rid)
-            else:
-                self.handoff(seq)  # (a held batch's sequence leaves when released: its KV stays until release_kv)
+            self._let_go(seq)
             if plan.complete_on_release:
                 last = seq.last_token  # (the frontend may still be streaming its last token)
                 seq.completion = last if last is not None and last > now else now
@@ -332,14 +347,10 @@ class Replica:
         if firsts and len(times) > k:  # first tokens in a token step: their runs start with it
             for seq in firsts:
                 seq.run = [idx, k, k, math.nan]
-        handoff = self.handoff
         for seq in done:
             seq.is_running = False
             self.running.remove(seq)
-            if handoff is None:
-                self.kv.free(seq.rid)
-            else:
-                handoff(seq)  # (its KV stays until release_kv)
+            self._let_go(seq)
             del seqs[seq.rid]
         self.outstanding -= len(done)
 

@@ -27,7 +27,7 @@ from batchsim.sim.itl import EmptyError, ItlRecords, weighted_summary
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
-__all__ = ["RunTotals", "summarize", "pool_utilization", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
+__all__ = ["RunTotals", "summarize", "pool_utilization", "ms_stats", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
            "rejections_by_kind", "latency_keys", "thin_window"]
 
 PERCENTILES = (50, 90, 99)
@@ -90,15 +90,18 @@ class RunTotals:
     cooldown_requests: int = 0
 
 
-def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:
-    """mean/std/percentiles in ms of the non-NaN values; None when there are none."""
+def ms_stats(values_s: np.ndarray) -> dict[str, float | None]:
+    """``{mean, std, median, p90, p99}`` in ms of the non-NaN values (seconds); None when there are none."""
     v = values_s[~np.isnan(values_s)] * 1000.0
-    out = {f"mean_{prefix}_ms": float(v.mean()) if len(v) else None,
-           f"std_{prefix}_ms": float(v.std()) if len(v) else None}
+    out = {"mean": float(v.mean()) if len(v) else None, "std": float(v.std()) if len(v) else None}
     for p in PERCENTILES:
-        key = "median" if p == 50 else f"p{p}"
-        out[f"{key}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else None
+        out["median" if p == 50 else f"p{p}"] = float(np.percentile(v, p)) if len(v) else None
     return out
+
+
+def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:
+    """:func:`ms_stats` as summary keys: ``mean_<prefix>_ms``, ``std_...``, ``median_...``, ..."""
+    return {f"{k}_{prefix}_ms": v for k, v in ms_stats(values_s).items()}
 
 
 def weighted_stats(prefix: str, pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> dict[str, float | None]:

@@ -23,7 +23,7 @@ import yaml
 from batchsim.app.config import Scenario, apply_overrides, scenario_from_dict
 from batchsim.sim.errors import InputError
 
-__all__ = ["PlanConfig", "parse_names", "parse_tps", "parse_knobs", "parse_deployments", "build_configs", "knob_label",
+__all__ = ["PlanConfig", "parse_names", "parse_tps", "parse_knobs", "parse_deployments", "build_configs", "knob_label", "is_closed",
            "COLOCATED"]
 
 COLOCATED = "colocated"
@@ -43,17 +43,18 @@ class PlanConfig:
     # of it costs; empty for a colocated replica (``tp`` GPUs of ``hardware``)
     pools: tuple[tuple[str, int], ...] = ()
     deployment: str = COLOCATED  # colocated, or xPyD
-
-    @property
-    def closed(self) -> bool:
-        """A closed-loop configuration: its plan searches clients, not arrival rates."""
-        arrival = (self.scenario.get("workload") or {}).get("arrival") or {}
-        return arrival.get("process") == "closed"
+    closed: bool = False  # a closed loop: its plan searches clients, not arrival rates
 
     @property
     def gpus(self) -> int:
         """GPUs in one unit: a colocated replica's ``tp``, or the deployment's pools'."""
         return sum(g for _, g in self.pools) if self.pools else self.tp
+
+
+def is_closed(scenario: Scenario) -> bool:
+    """A closed-loop scenario (``workload.arrival.process: closed``): its plan searches clients."""
+    arrival = scenario.workload.arrival
+    return arrival is not None and getattr(arrival, "process", None) == "closed"
 
 
 def parse_names(text: str | Sequence[str] | None, option: str) -> tuple[str, ...]:
@@ -164,18 +165,19 @@ def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple,
     data = apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in knobs])
     sc = scenario_from_dict(data, f"configuration '{label}'")
     policy_config(sc)  # a bad knob value fails here, before any run
-    if getattr(sc.workload.arrival, "process", None) == "closed":
+    closed = is_closed(sc)
+    if closed:
         with_concurrency(sc, 1)  # (a closed loop: the plan searches its clients)
     else:
         with_rate(sc, 1.0)  # a trace with its own arrival times fails here
     if deployment == COLOCATED:
-        return PlanConfig(label, hardware, tp, policy, tuple(knobs), data)
+        return PlanConfig(label, hardware, tp, policy, tuple(knobs), data, closed=closed)
     d = sc.disaggregation
     pools_cost = tuple((p.hardware or sc.hardware, p.replicas * (p.tensor_parallel_size or sc.tensor_parallel_size))
                        for p in (d.prefill, d.decode))
     pol = lambda p: (p.policy or sc.policy)["name"]  # noqa: E731
     return PlanConfig(label, hardware, tp, f"{pol(d.prefill)}/{pol(d.decode)}", tuple(knobs), data,
-                      pools=pools_cost, deployment=name)
+                      pools=pools_cost, deployment=name, closed=closed)
 
 
 def build_configs(scenario: Scenario, hardware: Sequence[str] = (), tps: Sequence[int] = (),

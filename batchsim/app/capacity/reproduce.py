@@ -88,8 +88,8 @@ def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str
         try:
             sets = scenario_sets(_loaded(path, swap, user), target)
         except Exception:  # noqa: BLE001 - no swap gives it (then the policy is spelled out below)
-            sets = ["policy=<none>"]
-        if not any(s.split("=", 1)[0].split(".")[0] == "policy" for s in sets):
+            sets = None
+        if sets is not None and not any(s.split("=", 1)[0].split(".")[0] == "policy" for s in sets):
             tries.append((swap, user + sets))  # the swap gives the policy as it ran
     tries.append((None, user + scenario_sets(base, target)))  # the policy spelled out
     for policy, sets in tries:

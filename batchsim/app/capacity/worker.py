@@ -44,7 +44,7 @@ from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, s
 from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
 from batchsim.sim.metrics import rejections_by_kind
 
-__all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "is_closed", "queue_metrics", "search_config",
+__all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_metrics", "search_config",
            "pool", "binding_metric", "HORIZON_SPANS", "HORIZON_DRAINS", "ESTIMATE_BATCH", "POINT_FORMAT",
            "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH"]
 
@@ -158,12 +158,6 @@ def _estimates(scenario: Scenario, parts, limits: dict) -> dict:
         start = float(max(1, min(batch, len(wl) - 1)))
     return {"start": start, "drain": drain, "n": len(wl), "span": fixed_span,
             "mean_output_tokens": float(output.mean()), "closed": closed}
-
-
-def is_closed(scenario: Scenario) -> bool:
-    """A closed-loop scenario (``workload.arrival.process: closed``): its plan searches clients."""
-    arrival = scenario.workload.arrival
-    return arrival is not None and getattr(arrival, "process", None) == "closed"
 
 
 def point_scenario(config: Scenario, rate: float, est: dict) -> dict:
