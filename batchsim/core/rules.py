@@ -146,6 +146,23 @@ def _file_text(path: str) -> str:
     return "\n".join(line.rstrip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
 
 
+_FILE_HASHES: dict[str, tuple[tuple[int, int], str]] = {}
+
+
+def _file_hash(path: str) -> str:
+    """``_short(_file_text(path))``, read again only when the file's size or modification time
+    changed (every simulation checks the rules: a plan's points, a sweep's)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return _short(_file_text(path))
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _FILE_HASHES.get(path)
+    if hit is None or hit[0] != stamp:
+        hit = _FILE_HASHES[path] = (stamp, _short(_file_text(path)))
+    return hit[1]
+
+
 def _short(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -158,7 +175,7 @@ def quick_fingerprint(modules: tuple[str, ...] = RULE_MODULES) -> tuple[dict[str
     for modname in modules:
         mod = importlib.import_module(modname)
         path = getattr(mod, "__file__", None) or "?"
-        table[f"file:{modname}"] = _short(_file_text(path))
+        table[f"file:{modname}"] = _file_hash(path)
         for name, value in sorted(vars(mod).items()):
             if name.startswith("__"):
                 continue
