@@ -115,8 +115,10 @@ def test_records_grow_with_steps_and_requests_not_tokens(watched):
     assert len(result.itl) > 5 * len(result.itl.rid), name  # (many gaps per run)
 
 
+@pytest.mark.parametrize("few", [itl_mod._FEW, 0], ids=["sorted", "histogram"])
 @pytest.mark.parametrize("seed", range(5))
-def test_weighted_percentiles_equal_np_percentile_over_repeated_values(seed):
+def test_weighted_percentiles_equal_np_percentile_over_repeated_values(seed, few, monkeypatch):
+    monkeypatch.setattr(itl_mod, "_FEW", few)  # (both ways of finding the ranks)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 5000))
     v = rng.lognormal(-4, 1.5, n)
@@ -157,3 +159,26 @@ def test_clip_drops_tokens_after_the_horizon():
     assert lost.tolist() == [0, 1]
     assert clipped.frame().groupby("rid")["gap"].apply(list).to_dict() == {0: [1.0, 1.5]}
     assert rec.clip(10.0)[0] is rec
+
+
+_SUMS = """
+import numpy as np
+from batchsim.sim.itl import weighted_summary
+rng = np.random.default_rng(3)
+v, c = rng.lognormal(-4, 1.0, 300_000), rng.integers(1, 9, 300_000)
+print(repr(weighted_summary(lambda: [(v, c)], [50, 99])))
+"""
+
+
+def test_weighted_sums_do_not_depend_on_the_blas_thread_count():
+    # (np.dot of floats splits a long sum across BLAS threads: the mean's last bits followed the cores)
+    import os
+    import subprocess
+    import sys
+
+    outs = set()
+    for threads in ("1", "2", "4"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        outs.add(subprocess.run([sys.executable, "-c", _SUMS], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    assert len(outs) == 1, outs

@@ -37,6 +37,10 @@ __all__ = ["EmptyError", "TokenSteps", "Times", "ItlRecords", "weighted_percenti
 
 RUN_FIELDS = ("rid", "replica", "start", "end", "entry")
 _PIECE = 1 << 22  # token steps per piece of gaps (ItlRecords.pieces)
+# NOTE: weighted sums are numpy's pairwise sums of the products, never np.dot: a float dot goes to
+# BLAS, whose sum over more than 10,000 values is split across its threads, so its last bits depend
+# on the machine's core count (or OPENBLAS_NUM_THREADS); a summary must not
+_sum = np.add.reduce
 
 
 class EmptyError(ValueError):
@@ -276,7 +280,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
         if (v < 0).any():
             raise ValueError("weighted_summary needs values >= 0")
         n += int(c.sum())
-        total += float(np.dot(v, c))
+        total += float(_sum(v * c))
         if kept is not None:
             kept.append((v, c))
             few += len(v)
@@ -300,7 +304,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
             plans.append((lo, lo + 1, h - lo))
     ranks = sorted({r for lo, hi, _ in plans for r in (lo, hi)})
     if kept is not None:  # few values: the ranks from one sort of them all (the same values, exactly)
-        sq = sum((float(np.dot(c, (v - mean) ** 2)) for v, c in kept), 0.0)
+        sq = sum((float(_sum((v - mean) ** 2 * c)) for v, c in kept), 0.0)
         vals = np.concatenate([v for v, _ in kept])
         order = np.argsort(vals, kind="stable")
         cum = np.cumsum(np.concatenate([c for _, c in kept])[order])
@@ -312,7 +316,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     sq = 0.0
     found: dict[int, list] = {int(b): [] for b in wanted}
     for v, c in pieces():
-        sq += float(np.dot(c, (v - mean) ** 2))
+        sq += float(_sum((v - mean) ** 2 * c))
         k = _keys(v)
         sel = np.flatnonzero(np.isin(k, wanted))
         for b in np.unique(k[sel]).tolist():
