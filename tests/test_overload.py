@@ -251,7 +251,7 @@ def test_the_runner_refuses_a_core_run_that_loses_a_request(monkeypatch):
 
     def lossy(*args, **kwargs):
         ran = run_core(*args, **kwargs)
-        ran.requests.loc[1, "status"] = "unfinished"  # completed in the run, then lost
+        ran.requests["status"][1] = "unfinished"  # completed in the run, then lost
         return ran
 
     monkeypatch.setattr(core, "run_core", lossy)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from batchsim import policies
@@ -33,6 +32,7 @@ from batchsim.sim.metrics import RunTotals, in_window, ms_stats, pool_utilizatio
 from batchsim.sim.records import FrameSteps, StepStream, request_frame
 from batchsim.sim.router import make_router
 from batchsim.sim.state import COMPLETED, UNFINISHED
+from batchsim.sim.table import column
 
 __all__ = ["simulate_disagg", "ENGINE_REASON", "TTFT_PARTS"]
 
@@ -226,17 +226,17 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
 
 
-def ttft_parts(requests: pd.DataFrame) -> dict[str, np.ndarray]:
+def ttft_parts(requests) -> dict[str, np.ndarray]:
     """Each request's TTFT split (seconds): ``queue`` (arrival at the engine to its prefill's
     admission), ``prefill`` (to the prompt's last step's end), ``transfer`` (to the KV's arrival at
     the decode replica: waiting for decode blocks and the link, and the transfer's part not
     overlapped with the prefill), ``decode_first`` (to the first token: the decode replica's first
     step with ``first_token: decode``, 0 with ``prefill``). With a frontend, ``frontend_in`` comes
     first; the parts add up to ``ttft``."""
-    arrival = requests["arrival"].to_numpy(dtype=np.float64)
-    fin = requests["frontend_in_s"].to_numpy(dtype=np.float64) if "frontend_in_s" in requests else np.zeros(len(arrival))
-    adm, pend = requests["admitted"].to_numpy(dtype=np.float64), requests["prefill_end"].to_numpy(dtype=np.float64)
-    xend, first = requests["transfer_end"].to_numpy(dtype=np.float64), requests["first_token"].to_numpy(dtype=np.float64)
+    arrival = column(requests, "arrival", np.float64)
+    fin = column(requests, "frontend_in_s", np.float64) if "frontend_in_s" in requests else np.zeros(len(arrival))
+    adm, pend = column(requests, "admitted", np.float64), column(requests, "prefill_end", np.float64)
+    xend, first = column(requests, "transfer_end", np.float64), column(requests, "first_token", np.float64)
     return {"frontend_in": fin, "queue": adm - (arrival + fin), "prefill": pend - adm, "transfer": xend - pend,
             "decode_first": first - xend}
 
@@ -246,13 +246,13 @@ def _ms_stats(v: np.ndarray) -> dict[str, float | None]:
     return {f"{k}_ms": x for k, x in ms_stats(v).items() if k != "std"}
 
 
-def _report(scenario: Scenario, requests: pd.DataFrame, steps: StepTotals, link: KVLink, pre: _Pool, dec: _Pool,
+def _report(scenario: Scenario, requests, steps: StepTotals, link: KVLink, pre: _Pool, dec: _Pool,
             end: float) -> dict:
     """The deployment's own figures: GPUs, the TTFT split, each pool's utilization, the link's."""
     m = scenario.measure
-    win = (requests[in_window(requests["arrival"].to_numpy(), m.warmup_s, m.cooldown_s, m.warmup_requests,
+    win = (requests[in_window(column(requests, "arrival"), m.warmup_s, m.cooldown_s, m.warmup_requests,
                               m.cooldown_requests)] if len(requests) else requests)
-    done = win[win["status"] == COMPLETED]
+    done = win[column(win, "status") == COMPLETED]
     split = ttft_parts(done) if len(done) else {k: np.empty(0) for k in ("frontend_in", *TTFT_PARTS)}
     pools = {}
     for p in (pre, dec):
@@ -265,7 +265,8 @@ def _report(scenario: Scenario, requests: pd.DataFrame, steps: StepTotals, link:
     wall = max(end, 1e-12)
     busy_out = [b / wall for b in link.out_busy]
     busy_in = [b / wall for b in link.in_busy]
-    xfer = (done["transfer_end"] - done["transfer_start"]).to_numpy(dtype=np.float64) if len(done) else np.empty(0)
+    xfer = (column(done, "transfer_end", np.float64) - column(done, "transfer_start", np.float64)
+            if len(done) else np.empty(0))
     return {
         "gpus": pools["prefill"]["gpus"] + pools["decode"]["gpus"],
         "first_token": scenario.disaggregation.first_token,

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from batchsim import policies
@@ -42,6 +41,7 @@ from batchsim.sim.records import (AutoSteps, FrameSteps, StepStream, TimelineSte
                                   request_frame)
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
+from batchsim.sim.table import Table, as_table, column
 from batchsim.sim.types import Workload
 from batchsim.workloads import build_workload
 
@@ -62,15 +62,32 @@ class Parts:
 
 @dataclass
 class RunResult:
-    """Everything a run produced: the summary and the flat records."""
+    """Everything a run produced: the summary and the flat records (numpy columns,
+    batchsim.sim.table.Table; :attr:`requests` and :attr:`steps` are them as pandas frames,
+    made when first read, so a run that only writes its files never imports pandas)."""
 
     scenario: Scenario
     summary: dict
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_table: Table
+    step_table: Table
     itl: ItlRecords  # every gap (batchsim.sim.itl): .weighted(), .frame() for one row per gap
     meta: dict
     engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
+    _frames: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def requests(self):
+        """The request records as a pandas frame."""
+        if "requests" not in self._frames:
+            self._frames["requests"] = self.request_table.to_pandas()
+        return self._frames["requests"]
+
+    @property
+    def steps(self):
+        """The step records as a pandas frame (none without step rows kept)."""
+        if "steps" not in self._frames:
+            self._frames["steps"] = self.step_table.to_pandas()
+        return self._frames["steps"]
 
 
 def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
@@ -244,7 +261,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         requests, now, itl = ran.requests, ran.now, ran.itl
         for c, peak in zip(caches, ran.kv_peak):
             c.peak_used = peak
-        unfinished = int((requests["status"] == UNFINISHED).sum())
+        unfinished = int((requests["status"] == UNFINISHED).sum())  # (a Table's column)
         if unfinished != ran.held:
             raise RuntimeError(f"conservation broken: {unfinished} unfinished request(s) but {ran.held} "
                                "queued or running")
@@ -297,14 +314,16 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
 
 
-def conclude(scenario: Scenario, parts: Parts, requests: pd.DataFrame, itl: ItlRecords, now: float,
+def conclude(scenario: Scenario, parts: Parts, requests, itl: ItlRecords, now: float,
              sent: np.ndarray, client_sent: np.ndarray | None, client_arrival: np.ndarray, steps: StepStream,
              step_sink: Any, step_totals: StepTotals, totals_of: Callable[[float], RunTotals],
-             policy_name: str) -> tuple[pd.DataFrame, pd.DataFrame, ItlRecords, dict, float]:
-    """A run's records and summary from what its engine left: the request records as the clients
-    saw them (``sent``: when each request reached the engine; ``client_sent``: a closed loop's send
-    times), conservation checked, the step records closed, and the summary over
-    ``totals_of(sim_end)``. Returns (requests, steps, gaps, summary, sim_end)."""
+             policy_name: str) -> tuple[Table, Table, ItlRecords, dict, float]:
+    """A run's records and summary from what its engine left (``requests``: a Table, or the
+    SimPy engine's pandas frame): the request records as the clients saw them (``sent``: when
+    each request reached the engine; ``client_sent``: a closed loop's send times), conservation
+    checked, the step records closed, and the summary over ``totals_of(sim_end)``. Returns
+    (requests, steps, gaps, summary, sim_end), the records as Tables."""
+    requests = as_table(requests)
     fe = getattr(parts.cost, "frontend", None)
     workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
     client = client_sent if parts.workload.closed is not None else client_arrival
@@ -314,10 +333,10 @@ def conclude(scenario: Scenario, parts: Parts, requests: pd.DataFrame, itl: ItlR
     # (the records in one canonical order, by end time then replica, whatever order SimPy resumed
     # replicas that end a step at the same time in: StepStream)
     steps.close()
-    step_df = step_sink.frame() if isinstance(step_sink, FrameSteps) else empty_steps()
+    step_df = step_sink.table() if isinstance(step_sink, FrameSteps) else empty_steps()
     if fe is not None and scenario.horizon_s is not None:
         requests, itl = _frontend_horizon(requests, itl, client, parts.workload, scenario.horizon_s)
-    unfinished = (requests["status"] == UNFINISHED).any() if len(requests) else False
+    unfinished = bool((requests["status"] == UNFINISHED).any()) if len(requests) else False
     # (every request of an open loop; those its clients sent, of a closed one)
     n_sent = (int(np.isfinite(client_sent).sum()) if parts.workload.closed is not None
               else _arrived(workload, math.inf))
@@ -345,48 +364,54 @@ def _itl_records(replicas, seqs, n: int) -> ItlRecords:
     return ItlRecords.build([np.array(r.itl.times, dtype=np.float64) for r in replicas], cols, (rep, start, end, entry))
 
 
-def _client_times(requests: pd.DataFrame, sent: np.ndarray) -> pd.DataFrame:
+def _client_times(requests: Table, sent: np.ndarray) -> Table:
     """The request records as the clients saw them: ``arrival`` is when a request was sent, and
     ``frontend_in_s`` how long the frontend took to hand it to the engine (batchsim.sim.frontend);
     the latencies are recomputed from there (first token and completion are already the client's)."""
-    if not len(requests):
-        return requests.assign(frontend_in_s=np.empty(0))
-    client = np.asarray(sent, dtype=np.float64)[requests["rid"].to_numpy()]
     requests = requests.copy()
-    requests["frontend_in_s"] = requests["arrival"].to_numpy(dtype=np.float64) - client
+    if not len(requests):
+        requests["frontend_in_s"] = np.empty(0)
+        return requests
+    client = np.asarray(sent, dtype=np.float64)[column(requests, "rid", np.int64)]
+    requests["frontend_in_s"] = column(requests, "arrival", np.float64) - client
     requests["arrival"] = client
     return add_latencies(requests)
 
 
-def _frontend_horizon(requests: pd.DataFrame, itl: ItlRecords, sent: np.ndarray, workload: Workload,
-                      horizon: float) -> tuple[pd.DataFrame, ItlRecords]:
+def _frontend_horizon(requests: Table, itl: ItlRecords, sent: np.ndarray, workload: Workload,
+                      horizon: float) -> tuple[Table, ItlRecords]:
     """What the clients have at ``horizon_s`` when a frontend stands between them and the engine:
     tokens the frontend streams after it are not theirs (a completion after it is unfinished, a
     first token after it is none, gaps ending after it are dropped), and
     requests sent before it but still in the frontend's queue are unfinished requests."""
     req = requests.copy()
     for col in ("first_token", "last_token", "completion"):
-        late = req[col].to_numpy(dtype=np.float64) > horizon
-        req.loc[late, col] = np.nan
-    late = (req["status"] == "completed").to_numpy() & req["completion"].isna().to_numpy()
-    req.loc[late, "status"] = UNFINISHED
+        values = column(req, col, np.float64).copy()
+        values[values > horizon] = np.nan
+        req[col] = values
+    status = req["status"].copy()
+    status[(status == "completed") & np.isnan(req["completion"])] = UNFINISHED
+    req["status"] = status
     itl, lost = itl.clip(horizon)
     if len(lost):
-        pos = pd.Index(req["rid"].to_numpy()).get_indexer(lost)
-        req.loc[req.index[pos], "max_itl"] = itl.max_per_request(lost)
+        rid = column(req, "rid", np.int64)
+        pos = np.searchsorted(rid, lost)  # (the records are by rid)
+        top = column(req, "max_itl", np.float64).copy()
+        top[pos] = itl.max_per_request(lost)
+        req["max_itl"] = top
     seen = np.zeros(len(workload), dtype=bool)
-    seen[req["rid"].to_numpy()] = True
+    seen[column(req, "rid", np.int64)] = True
     waiting = np.flatnonzero(~seen & (np.asarray(sent, dtype=np.float64) < horizon))
     if len(waiting):  # (requests as the engines record them: batchsim.sim.records.request_frame)
         sent = np.asarray(sent, dtype=np.float64)
-        rows = request_frame([Seq(int(i), float(sent[i]), int(workload.prompt_tokens[i]), int(workload.output_tokens[i]))
-                              for i in waiting.tolist()]).assign(frontend_in_s=np.nan)
-        req = pd.concat([req, rows[req.columns]], ignore_index=True).sort_values("rid", kind="stable")
-        req = req.reset_index(drop=True)
+        rows = as_table(request_frame([Seq(int(i), float(sent[i]), int(workload.prompt_tokens[i]),
+                                           int(workload.output_tokens[i])) for i in waiting.tolist()]))
+        rows["frontend_in_s"] = np.full(len(rows), np.nan)
+        req = Table.concat([req, rows.select(req.columns)]).sort_by("rid")
     return add_latencies(req), itl
 
 
-def _closed_loop_warnings(requests: pd.DataFrame, workload: Workload, sent: int) -> list[str]:
+def _closed_loop_warnings(requests: Table, workload: Workload, sent: int) -> list[str]:
     """What a closed loop's clients did that its numbers alone do not show."""
     out = []
     if sent < len(workload):
@@ -442,11 +467,11 @@ def _arrived(workload: Workload, horizon: float | None) -> int:
     return len(workload) if horizon is None else int(np.searchsorted(workload.arrival, horizon, "left"))
 
 
-def _check_conservation(requests: pd.DataFrame, workload: Workload, horizon: float | None) -> None:
+def _check_conservation(requests: Table, workload: Workload, horizon: float | None) -> None:
     """Every request that arrived is completed, rejected or unfinished: never lost."""
     arrived = _arrived(workload, horizon)
-    counts = requests["status"].value_counts()
-    accounted = sum(int(counts.get(k, 0)) for k in ("completed", "rejected", "unfinished"))
+    status = column(requests, "status")
+    accounted = sum(int((status == k).sum()) for k in ("completed", "rejected", "unfinished"))
     if len(requests) != arrived or accounted != arrived:
         raise RuntimeError(f"conservation broken: {arrived} arrived, {len(requests)} recorded, "
                            f"{accounted} completed + rejected + unfinished")
@@ -463,10 +488,10 @@ def _check_unfinished_are_held(cluster: Cluster) -> None:
                            f"replica (rids {lost[:5]})")
 
 
-def _per_replica(requests: pd.DataFrame, n: int) -> dict:
+def _per_replica(requests, n: int) -> dict:
     """Requests completed per replica and the imbalance max/mean (1.0 = even)."""
-    done = requests[requests["status"] == "completed"]
-    counts = np.bincount(done["replica"].to_numpy(dtype=np.int64), minlength=n)[:n]
+    done = requests[column(requests, "status") == "completed"]
+    counts = np.bincount(column(done, "replica", np.int64), minlength=n)[:n]
     mean = counts.mean() if n else 0.0
     return {"per_replica_completed": [int(c) for c in counts],
             "load_imbalance": float(counts.max() / mean) if mean else 1.0}
@@ -518,7 +543,7 @@ def timeline_bin(workload: Workload) -> float:
 class _StepFile(TableFile):
     """steps.<fmt> written as the run makes the steps (a batchsim.sim.records.StepStream sink)."""
 
-    def close(self, columns: pd.DataFrame | None = None) -> Path:
+    def close(self, columns=None) -> Path:
         return super().close(empty_steps())
 
 
@@ -599,11 +624,11 @@ def write_outputs(result: RunResult, out_dir: str | Path, fmt: str = "csv", step
     written (:func:`run_to_folder`; ``steps`` says which: rows or a timeline), moved into the set.
     Returns ``{"format", "steps", "why", "files"}``."""
     writers = {"summary.json": lambda p: write_json(p, result.summary),
-               f"requests.{fmt}": lambda p: write_table(p, result.requests, fmt)}
+               f"requests.{fmt}": lambda p: write_table(p, result.request_table, fmt)}
     if steps_path is not None:
         writers[f"steps.{fmt}"] = lambda p: os.replace(steps_path, p)
     elif steps != "none" and result.scenario.measure.step_records and result.scenario.measure.records == "full":
-        writers[f"steps.{fmt}"] = lambda p: write_table(p, result.steps, fmt)
+        writers[f"steps.{fmt}"] = lambda p: write_table(p, result.step_table, fmt)
     prov = result.summary.get("provenance") or {}
     about = {"written_by": f"batchsim {__version__}", "scenario": result.scenario.name,
              "scenario_hash": prov.get("scenario_hash"), "format": fmt,

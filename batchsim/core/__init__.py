@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, request_frame
+from batchsim.sim.table import Table
 from batchsim.sim.itl import ItlRecords, Times
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
@@ -503,7 +503,7 @@ def cost_struct(table, keep: list) -> CoreCost:
 class CoreRun:
     """What a core run leaves for the runner: the request records, the clock, KV peaks."""
 
-    requests: pd.DataFrame
+    requests: Table
     itl: ItlRecords
     now: float
     kv_peak: list[int]
@@ -684,10 +684,10 @@ def _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> Non
 
 
 def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, block_size, max_queue_len):
-    """The request records (batchsim.sim.records.request_frame's frame, the same dtypes and values)
-    built from the core's arrays, without a Python object per request."""
+    """The request records (batchsim.sim.records.request_frame's, the same dtypes and values, as a
+    batchsim.sim.table.Table) built from the core's arrays, without a Python object per request."""
     if delivered == 0:
-        return request_frame([])
+        return Table.from_pandas(request_frame([]))
     k = delivered
     rep, status, reason, rval, gen, pre, at_int = (req_i[j, :k] for j in range(7))
     admitted, first, last, comp, mx = (req_f[j, :k] for j in range(5))
@@ -710,7 +710,7 @@ def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, 
         "completion": completion, "ttft": np.nan, "tpot": np.nan, "e2el": np.nan,
         "max_itl": mx.copy(), "preemptions": pre.copy(), "cached_tokens": np.zeros(k, dtype=np.int64),
     }
-    return add_latencies(pd.DataFrame({c: cols[c] for c in REQUEST_COLUMNS}))
+    return add_latencies(Table({c: cols[c] for c in REQUEST_COLUMNS}, n=k))
 
 
 def _reason(code: int, value: int, recipe, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:

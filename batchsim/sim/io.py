@@ -8,7 +8,10 @@ never holds some files of an old run beside others of a new one.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import os
 import queue
 import re
@@ -18,9 +21,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-import pandas as pd
+import numpy as np
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "write_parquet", "write_table",
+from batchsim.sim.table import Table, column
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "csv_text", "write_parquet", "write_table",
            "TableFile", "write_set", "clean_orphans", "MANIFEST", "FORMATS"]
 
 FORMATS = ("csv", "parquet")
@@ -63,17 +68,63 @@ def _default(o: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def write_csv(path: str | Path, df: pd.DataFrame) -> None:
-    """CSV with a fixed float format, so identical runs give identical bytes."""
-    atomic_write_text(path, df.to_csv(index=False, float_format=_FLOAT_FORMAT, lineterminator="\n"))
+def write_csv(path: str | Path, df) -> None:
+    """CSV with a fixed float format, so identical runs give identical bytes (:func:`csv_text`)."""
+    atomic_write_text(path, csv_text(df))
+
+
+# NOTE: the one CSV writer, for pandas frames and batchsim.sim.table.Table alike, written to give
+# the bytes pandas' ``to_csv(index=False, float_format="%.9g", lineterminator="\n")`` gave (what
+# every earlier output file holds; tests/test_outputs.py compares the two): a float column's
+# values through %.9g with NaN as an empty cell, an integer or boolean column's through str, an
+# object column's as Python's csv module writes them with None and NaN empty, quoting minimal.
+_CHUNK_ROWS = 1 << 16
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or type(v).__name__ in ("NAType", "NaTType")
+
+
+def _cells(a: np.ndarray) -> list:
+    kind = a.dtype.kind
+    if kind == "f":
+        return ["" if v != v else _FLOAT_FORMAT % v for v in a.tolist()]
+    if kind in "iub":
+        return a.astype(str).tolist()
+    if kind in "OUS":
+        return ["" if _missing(v) else v for v in a.tolist()]
+    raise TypeError(f"cannot write a column of dtype {a.dtype} as CSV")
+
+
+def _columns(table) -> list[tuple[str, np.ndarray]]:
+    if isinstance(table, Table):
+        return list(table.items())
+    if isinstance(table, dict):
+        return [(k, np.asarray(v)) for k, v in table.items()]
+    return [(str(c), column(table, c)) for c in table.columns]  # (a pandas frame)
+
+
+def csv_text(table, header: bool = True) -> str:
+    """``table`` (a Table, a dict of columns or a pandas frame) as CSV text."""
+    cols = _columns(table)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    if header:
+        w.writerow([name for name, _ in cols])
+    n = len(cols[0][1]) if cols else 0
+    for lo in range(0, n, _CHUNK_ROWS):
+        w.writerows(zip(*(_cells(a[lo:lo + _CHUNK_ROWS]) for _, a in cols)))
+    return buf.getvalue()
 
 
 def _arrow_table(chunk):
     import pyarrow as pa
 
-    if isinstance(chunk, pd.DataFrame):
-        return pa.Table.from_pandas(chunk, preserve_index=False)
-    return pa.table(chunk)  # (numeric numpy columns: no copy)
+    if isinstance(chunk, Table):  # (request records: as a frame, so the file keeps pandas' schema metadata)
+        chunk = chunk.to_pandas()
+    if isinstance(chunk, dict):
+        return pa.table(chunk)  # (numeric numpy columns: no copy)
+    return pa.Table.from_pandas(chunk, preserve_index=False)
 
 
 # NOTE: Parquet with zstd and no dictionary pages: dictionary encoding of float columns whose
@@ -83,7 +134,7 @@ _PARQUET = {"compression": "zstd", "use_dictionary": False, "write_statistics": 
 ROW_GROUP = 1 << 18  # rows per Parquet row group
 
 
-def write_parquet(path: str | Path, df: pd.DataFrame) -> None:
+def write_parquet(path: str | Path, df) -> None:
     """Parquet (pyarrow, zstd; nothing in the file depends on the time, so identical runs give
     identical bytes), written atomically."""
     t = TableFile(path, "parquet")
@@ -95,9 +146,16 @@ def write_parquet(path: str | Path, df: pd.DataFrame) -> None:
     t.close()
 
 
-def write_table(path: str | Path, df: pd.DataFrame, fmt: str) -> None:
+def write_table(path: str | Path, df, fmt: str) -> None:
     """``df`` as ``fmt`` (one of :data:`FORMATS`)."""
     (write_parquet if fmt == "parquet" else write_csv)(path, df)
+
+
+def _head(chunk):
+    """``chunk``'s columns with no rows."""
+    if isinstance(chunk, dict):
+        return {k: np.asarray(v)[:0] for k, v in chunk.items()}
+    return chunk.head(0) if isinstance(chunk, Table) else chunk.iloc[:0]
 
 
 class TableFile:
@@ -126,14 +184,13 @@ class TableFile:
         self.rows = 0
 
     def write(self, chunk) -> None:
-        n = len(chunk) if isinstance(chunk, pd.DataFrame) else len(next(iter(chunk.values()), ()))
+        n = len(next(iter(chunk.values()), ())) if isinstance(chunk, dict) else len(chunk)
         if self.fmt == "csv":
-            df = chunk if isinstance(chunk, pd.DataFrame) else pd.DataFrame(chunk)
             if self._out is None:
                 self._out = open(self._tmp, "w", encoding="utf-8", newline="")
-                self._out.write(df.iloc[:0].to_csv(index=False, lineterminator="\n"))
-            if len(df):
-                self._out.write(df.to_csv(index=False, header=False, float_format=_FLOAT_FORMAT, lineterminator="\n"))
+                self._out.write(csv_text(_head(chunk)))
+            if n:
+                self._out.write(csv_text(chunk, header=False))
         else:
             table = _arrow_table(chunk)
             if self._thread is None:
@@ -193,11 +250,11 @@ class TableFile:
             if self._error is not None:
                 raise self._error
 
-    def close(self, columns: pd.DataFrame | None = None) -> Path:
-        """Finish the file (``columns``: an empty frame that gives the columns when nothing was
-        written) and put it in place."""
+    def close(self, columns=None) -> Path:
+        """Finish the file (``columns``: a table, frame or dict of columns that gives the columns
+        when nothing was written) and put it in place."""
         if self._out is None and self._thread is None and columns is not None:
-            self.write(columns.iloc[:0])
+            self.write(_head(columns))
         self._join()
         if self._out is not None:
             self._out.close()

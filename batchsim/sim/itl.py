@@ -31,7 +31,6 @@ import math
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-import pandas as pd
 
 __all__ = ["EmptyError", "TokenSteps", "Times", "ItlRecords", "weighted_percentile", "weighted_summary", "RUN_FIELDS"]
 
@@ -189,15 +188,19 @@ class ItlRecords:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
         return np.concatenate([v for v, _ in got]), np.concatenate([c for _, c in got]).astype(np.int64)
 
-    def weighted_frame(self) -> pd.DataFrame:
-        """:meth:`weighted` as a frame (``gap``, ``count``): what reports read."""
+    def weighted_frame(self):
+        """:meth:`weighted` as a pandas frame (``gap``, ``count``): what reports read."""
+        import pandas as pd
+
         v, c = self.weighted()
         return pd.DataFrame({"gap": v, "count": c})
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self):
         """One row per gap (``rid``, ``gap``): by request, each request's gaps in time order. Memory
         grows with tokens: for tests and for per-request exports (``vllm bench --save-detailed``'s
-        ``itls``)."""
+        ``itls``); a pandas frame."""
+        import pandas as pd
+
         rids, gaps = [], []
         for rid, rep, a, b, e in zip(self.rid.tolist(), self.replica.tolist(), self.start.tolist(),
                                      self.end.tolist(), self.entry.tolist()):

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
-import pandas as pd
 
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import EmptyError, ItlRecords, weighted_summary
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
+from batchsim.sim.table import column
 
 __all__ = ["RunTotals", "summarize", "pool_utilization", "ms_stats", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
            "rejections_by_kind", "latency_keys", "thin_window"]
@@ -120,10 +120,10 @@ def weighted_stats(prefix: str, pieces: Callable[[], Iterable[tuple[np.ndarray, 
     return out
 
 
-def measured_gaps(itl: ItlRecords, done: pd.DataFrame) -> ItlRecords:
+def measured_gaps(itl: ItlRecords, done) -> ItlRecords:
     """The inter-token gaps the ITL statistics are over: every gap of the completed requests in
-    the measured window (``done``)."""
-    rid = done["rid"].to_numpy(dtype=np.int64)
+    the measured window (``done``: request records, a batchsim.sim.table.Table or a pandas frame)."""
+    rid = column(done, "rid", np.int64)
     keep = np.zeros(int(rid.max()) + 1 if len(rid) else 0, dtype=bool)
     keep[rid] = True
     return itl.select(keep)
@@ -146,43 +146,51 @@ def in_window(arrival: np.ndarray, warmup_s: float, cooldown_s: float, warmup_re
     return keep
 
 
-def _window(requests: pd.DataFrame, totals: RunTotals) -> pd.DataFrame:
-    if requests.empty:
+def _window(requests, totals: RunTotals):
+    if not len(requests):
         return requests
-    return requests[in_window(requests["arrival"].to_numpy(), totals.warmup_s, totals.cooldown_s,
+    return requests[in_window(column(requests, "arrival"), totals.warmup_s, totals.cooldown_s,
                               totals.warmup_requests, totals.cooldown_requests)]
 
 
-def _slo_ok(done: pd.DataFrame, slo: dict[str, float] | None) -> np.ndarray:
+def _max(values: np.ndarray) -> float:
+    """The largest value, NaN left out (NaN when none is left), as a frame's ``max()`` gives it."""
+    v = values[~np.isnan(values)]
+    return float(v.max()) if len(v) else math.nan
+
+
+def _slo_ok(done, slo: dict[str, float] | None) -> np.ndarray:
     ok = np.ones(len(done), dtype=bool)
     for key, limit in (slo or {}).items():
         metric = key.removesuffix("_ms")
         col = "max_itl" if metric == "itl" else metric
-        vals = done[col].to_numpy() * 1000.0
+        vals = column(done, col) * 1000.0
         ok &= np.nan_to_num(vals, nan=0.0) <= limit
     return ok
 
 
-def summarize(requests: pd.DataFrame, steps: StepTotals, itl: ItlRecords,
+def summarize(requests, steps: StepTotals, itl: ItlRecords,
               totals: RunTotals, policy: str, slo: dict[str, float] | None = None) -> dict:
-    """The run's summary dict (summary.json), deterministic key order."""
+    """The run's summary dict (summary.json), deterministic key order, from its request records
+    (a batchsim.sim.table.Table or a pandas frame)."""
     win = _window(requests, totals)
-    done = win[win["status"] == COMPLETED]
-    start = float(win["arrival"].min()) if len(win) else 0.0
-    end = float(done["completion"].max()) if len(done) else start
-    if (win["status"] == UNFINISHED).any():
+    status = column(win, "status")
+    done = win[status == COMPLETED]
+    start = float(column(win, "arrival", np.float64).min()) if len(win) else 0.0
+    end = _max(column(done, "completion", np.float64)) if len(done) else start
+    if (status == UNFINISHED).any():
         end = totals.sim_end
     duration = max(end - start, 1e-12)
-    out_tok = int(done["output_tokens"].sum())
-    in_tok = int(done["prompt_tokens"].sum())
+    out_tok = int(column(done, "output_tokens").sum())
+    in_tok = int(column(done, "prompt_tokens").sum())
     gaps = measured_gaps(itl, done)
     s: dict = {
         "policy": policy,
         "num_requests": int(len(requests)),
         "measured_requests": int(len(win)),
         "completed": int(len(done)),
-        "rejected": int((win["status"] == REJECTED).sum()),
-        "unfinished": int((win["status"] == UNFINISHED).sum()),
+        "rejected": int((status == REJECTED).sum()),
+        "unfinished": int((status == UNFINISHED).sum()),
         "duration_s": duration,
         "total_input_tokens": in_tok,
         "total_output_tokens": out_tok,
@@ -191,27 +199,27 @@ def summarize(requests: pd.DataFrame, steps: StepTotals, itl: ItlRecords,
         "total_token_throughput": (in_tok + out_tok) / duration,
         "request_goodput": float(_slo_ok(done, slo).sum()) / duration,
     }
-    s.update(_stats("ttft", done["ttft"].to_numpy(dtype=float)))
-    s.update(_stats("tpot", done["tpot"].to_numpy(dtype=float)))
+    s.update(_stats("ttft", column(done, "ttft", float)))
+    s.update(_stats("tpot", column(done, "tpot", float)))
     s.update(weighted_stats("itl", gaps.pieces))
-    s.update(_stats("e2el", done["e2el"].to_numpy(dtype=float)))
-    max_itl = float(done["max_itl"].max() * 1000.0) if len(done) else math.nan
+    s.update(_stats("e2el", column(done, "e2el", float)))
+    max_itl = _max(column(done, "max_itl", np.float64)) * 1000.0 if len(done) else math.nan
     s["max_itl_ms"] = max_itl if math.isfinite(max_itl) else None
-    s["preemptions"] = int(requests["preemptions"].sum()) if len(requests) else 0
+    s["preemptions"] = int(column(requests, "preemptions").sum()) if len(requests) else 0
     s.update(_utilization(steps, totals))
-    rejected = win[win["status"] == REJECTED]
-    s["rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist()) if len(rejected) else {}
+    rejected = win[status == REJECTED]
+    s["rejected_by_reason"] = rejections_by_kind(column(rejected, "reason").tolist()) if len(rejected) else {}
     s["warnings"] = _warnings(s, requests, totals)
     return s
 
 
-def _warnings(s: dict, requests: pd.DataFrame, totals: RunTotals) -> list[str]:
+def _warnings(s: dict, requests, totals: RunTotals) -> list[str]:
     """What a reader must know before trusting the summary's latencies, in words."""
     out: list[str] = []
     if not len(requests):
         return ["no requests arrived"]
     if not s["measured_requests"]:
-        last, w, c = float(requests["arrival"].max()), totals.warmup_s, totals.cooldown_s
+        last, w, c = float(column(requests, "arrival", np.float64).max()), totals.warmup_s, totals.cooldown_s
         if w + c >= last:
             window = f"measure.warmup_s {w:g} s" + (f" + cooldown_s {c:g} s" if c else "")
             why = f"{window} >= the last arrival at {last:.4g} s"

@@ -11,9 +11,9 @@ import math
 from typing import Iterable
 
 import numpy as np
-import pandas as pd
 
 from batchsim.sim.state import COMPLETED, Seq
+from batchsim.sim.table import Table, column
 
 __all__ = ["Columns", "StepStream", "FrameSteps", "TimelineSteps", "AutoSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "empty_steps", "request_frame", "add_latencies"]
 
@@ -118,9 +118,10 @@ class Columns:
                 return a[: self._n]
         raise KeyError(name)
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self):
+        """The columns as a pandas frame."""
         self._settle()
-        return pd.DataFrame({f: a[: self._n] for (f, _), a in zip(self.fields, self._arrays)})
+        return Table({f: a[: self._n] for (f, _), a in zip(self.fields, self._arrays)}).to_pandas()
 
     def _grow(self, size: int) -> None:
         size = max(2 * len(self._arrays[0]), size)
@@ -151,9 +152,9 @@ def _in_order(end: np.ndarray, rep: np.ndarray) -> bool:
     return bool(((de > 0) | ((de == 0) & (dr >= 0))).all())
 
 
-def empty_steps() -> pd.DataFrame:
-    """A step frame with no rows (every column of STEP_FIELDS, its dtype)."""
-    return pd.DataFrame({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
+def empty_steps() -> Table:
+    """Step records with no rows (every column of STEP_FIELDS, its dtype)."""
+    return Table({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
 
 
 class FrameSteps:
@@ -168,10 +169,14 @@ class FrameSteps:
     def close(self) -> None:
         pass
 
-    def frame(self) -> pd.DataFrame:
+    def table(self) -> Table:
         if not self._chunks:
             return empty_steps()
-        return pd.DataFrame({f: np.concatenate([c[f] for c in self._chunks]) for f, _ in STEP_FIELDS})
+        return Table({f: np.concatenate([c[f] for c in self._chunks]) for f, _ in STEP_FIELDS})
+
+    def frame(self):
+        """:meth:`table` as a pandas frame."""
+        return self.table().to_pandas()
 
 
 # (name, dtype, how) of every timeline column after replica and t: how a bin's steps combine
@@ -201,10 +206,10 @@ class TimelineSteps:
         self._held: dict[str, np.ndarray] | None = None
 
     @staticmethod
-    def columns() -> pd.DataFrame:
+    def columns() -> Table:
         """The timeline's columns, empty."""
         cols = {"replica": np.empty(0, dtype="i4"), "t": np.empty(0)}
-        return pd.DataFrame({**cols, **{f: np.empty(0, dtype=dt) for f, dt, _ in TIMELINE_FIELDS}})
+        return Table({**cols, **{f: np.empty(0, dtype=dt) for f, dt, _ in TIMELINE_FIELDS}})
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         if not len(chunk["end"]):
@@ -364,14 +369,15 @@ REQUEST_COLUMNS = (
 )
 
 
-def add_latencies(df: pd.DataFrame) -> pd.DataFrame:
-    """Set ``ttft``, ``tpot`` and ``e2el`` (seconds, NaN where there is none) from the frame's
-    ``arrival``, ``first_token``, ``completion`` (NaN unless completed) and ``output_tokens``:
-    the one statement of the per-request latencies (docs: DESIGN.md, metrics)."""
-    arrival = df["arrival"].to_numpy(dtype=np.float64)
-    first = df["first_token"].to_numpy(dtype=np.float64)
-    comp = df["completion"].to_numpy(dtype=np.float64)
-    out = df["output_tokens"].to_numpy(dtype=np.int64)
+def add_latencies(df):
+    """Set ``ttft``, ``tpot`` and ``e2el`` (seconds, NaN where there is none) from the records'
+    ``arrival``, ``first_token``, ``completion`` (NaN unless completed) and ``output_tokens``
+    (a batchsim.sim.table.Table or a pandas frame, changed in place and returned): the one
+    statement of the per-request latencies (docs: DESIGN.md, metrics)."""
+    arrival = column(df, "arrival", np.float64)
+    first = column(df, "first_token", np.float64)
+    comp = column(df, "completion", np.float64)
+    out = column(df, "output_tokens", np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         df["ttft"] = first - arrival
         df["tpot"] = np.where(~np.isnan(comp) & ~np.isnan(first) & (out > 1), (comp - first) / (out - 1), np.nan)
@@ -379,8 +385,10 @@ def add_latencies(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def request_frame(seqs: Iterable[Seq]) -> pd.DataFrame:
-    """One row per request, sorted by rid; latencies in seconds (NaN if none)."""
+def request_frame(seqs: Iterable[Seq]):
+    """One row per request, sorted by rid; latencies in seconds (NaN if none): a pandas frame."""
+    import pandas as pd
+
     rows = []
     for s in seqs:
         ft = s.first_token

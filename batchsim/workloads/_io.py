@@ -20,7 +20,6 @@ from itertools import repeat
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from batchsim.sim.errors import InputError
 
@@ -87,6 +86,8 @@ def _missing(path: Path, wanted: list[str], have: list[str], kind: str, line: in
 
 def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     """The named columns of a CSV with a header line; blank lines are skipped."""
+    import pandas as pd  # (here, not at the top: a run without a trace never needs it)
+
     try:
         header = pd.read_csv(path, nrows=0, sep=sep)
     except pd.errors.EmptyDataError:
@@ -304,6 +305,8 @@ def times(table: Table, column: str, unit: str) -> np.ndarray:
         # NOTE: divide, not multiply by 1e-3: division rounds correctly, so 250 ms is exactly 0.25 s.
         return numbers(table, column, f"a time in {unit} >= 0") / _PER_SECOND[unit]
     raw = table.columns[column]
+    import pandas as pd
+
     parsed = pd.to_datetime(pd.Series(raw, dtype=object), format="ISO8601", errors="coerce", utc=True)
     bad = parsed.isna().to_numpy()
     if bad.any():
