@@ -32,7 +32,7 @@ from batchsim.sim.io import TableFile, write_json, write_set, write_table
 from batchsim.sim.errors import InputError
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.prefix import PrefixKVCache
-from batchsim.sim.metrics import RunTotals, in_window, summarize
+from batchsim.sim.metrics import RunTotals, summarize
 from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import ItlRecords, TokenSteps

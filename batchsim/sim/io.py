@@ -120,10 +120,10 @@ def csv_text(table, header: bool = True) -> str:
 def _arrow_table(chunk):
     import pyarrow as pa
 
-    if isinstance(chunk, Table):  # (request records: as a frame, so the file keeps pandas' schema metadata)
-        chunk = chunk.to_pandas()
+    if isinstance(chunk, Table):
+        chunk = dict(chunk.items())
     if isinstance(chunk, dict):
-        return pa.table(chunk)  # (numeric numpy columns: no copy)
+        return pa.table(chunk)  # (numeric numpy columns: no copy; no pandas metadata in the file)
     return pa.Table.from_pandas(chunk, preserve_index=False)
 
 
