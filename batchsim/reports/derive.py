@@ -18,16 +18,18 @@ __all__ = ["measured_completed", "report_itl", "latency_samples_ms", "timeline",
 TIMELINE_FIELDS = ("t", "batch_size", "kv_usage", "queue_depth", "mfu", "mbu", "compute_share")
 
 
-def measured_completed(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0,
-                       warmup_requests: int = 0, cooldown_requests: int = 0) -> pd.DataFrame:
-    """Completed requests in the measured window (batchsim.sim.metrics.in_window, as the summary counts them)."""
+def measured_completed(requests, warmup_s: float = 0.0, cooldown_s: float = 0.0,
+                       warmup_requests: int = 0, cooldown_requests: int = 0):
+    """Completed requests in the measured window (batchsim.sim.metrics.in_window, as the summary
+    counts them), of request records: a pandas frame or a batchsim.sim.table.Table, returned as given."""
     from batchsim.sim.metrics import in_window
+    from batchsim.sim.table import column
 
-    if requests.empty:
+    if not len(requests):
         return requests
-    win = requests[in_window(requests["arrival"].to_numpy(dtype=np.float64), warmup_s, cooldown_s,
+    win = requests[in_window(column(requests, "arrival", np.float64), warmup_s, cooldown_s,
                              warmup_requests, cooldown_requests)]
-    return win[win["status"] == "completed"]
+    return win[column(win, "status") == "completed"]
 
 
 def _window_of(meta: dict) -> tuple:

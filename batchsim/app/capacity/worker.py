@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
@@ -105,17 +104,19 @@ def point_key(point_scenario: dict, base_dir: str | None) -> str:
     return key(point_scenario, base_dir, kind="plan", format=POINT_FORMAT)
 
 
-def queue_metrics(requests: pd.DataFrame, warmup_s: float = 0.0, cooldown_s: float = 0.0, warmup_requests: int = 0,
+def queue_metrics(requests, warmup_s: float = 0.0, cooldown_s: float = 0.0, warmup_requests: int = 0,
                   cooldown_requests: int = 0) -> dict:
     """Queueing delay (first admission - arrival, ms) of the completed requests
-    in the measured window: mean, median, p90, p99 and max (None when there are none)."""
+    in the measured window: mean, median, p90, p99 and max (None when there are none); of request
+    records, a pandas frame or a batchsim.sim.table.Table."""
     from batchsim.reports.derive import measured_completed
+    from batchsim.sim.table import column
 
     names = ("mean", "median", "p90", "p99", "max")
-    if requests.empty:
+    if not len(requests):
         return {f"{n}_queue_ms": None for n in names}
     win = measured_completed(requests, warmup_s, cooldown_s, warmup_requests, cooldown_requests)
-    q = ((win["admitted"] - win["arrival"]).to_numpy(dtype=float) * 1000.0)
+    q = (column(win, "admitted", float) - column(win, "arrival", float)) * 1000.0
     q = q[~np.isnan(q)]
     if not len(q):
         return {f"{n}_queue_ms": None for n in names}
@@ -202,7 +203,7 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
 
     sc = scenario_from_dict(data, "plan point")
     result = run_scenario(sc, Path(base_dir) if base_dir else None, keep_steps=False)  # (nothing reads them)
-    req = result.requests
+    req = result.request_table
     # NOTE: None (a null latency) is kept: a missing SLO metric is "not evaluable", not a pass
     metrics = {k: v for k, v in result.summary.items()
                if v is None and k != "engine_reason" or isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -211,7 +212,7 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     rejected = req[req["status"] == "rejected"]
     metrics["all_rejected"] = int(len(rejected))
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
-    metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())
+    metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())  # (the Table's columns)
     metrics["facts"] = _facts(result.summary)
     return metrics
 
