@@ -301,3 +301,61 @@ def test_a_run_on_the_core_writes_its_records_without_importing_pandas(scenario_
     assert '"engine": "core"' in out and "PANDAS False" in out, out[-500:]
     got = pd.read_csv(tmp_path / "out" / "requests.csv")
     assert len(got) > 0 and set(got["status"]) <= {"completed", "rejected", "unfinished"}
+
+
+def test_the_csv_writer_takes_repeated_column_names_and_numpy_nans_in_object_columns():
+    from batchsim.sim.io import csv_text
+
+    dup = pd.DataFrame([[1, 2.5], [3, np.nan]], columns=["a", "a"])
+    obj = pd.DataFrame({"o": np.array([np.float32("nan"), 1, np.float64("nan")], dtype=object)})
+    for df in (dup, obj):
+        assert csv_text(df) == _pandas_csv(df)
+
+
+def test_parquet_of_the_records_and_of_their_frame_are_the_same_bytes(tmp_path):
+    from batchsim.sim.io import write_parquet
+
+    sc = scenario_from_dict({**__import__("yaml").safe_load(SCENARIO), "horizon_s": 10.0})  # (unfinished: NaN latencies)
+    result = runner.run_scenario(sc)
+    write_parquet(tmp_path / "t.parquet", result.request_table)
+    write_parquet(tmp_path / "f.parquet", result.requests)
+    assert (tmp_path / "t.parquet").read_bytes() == (tmp_path / "f.parquet").read_bytes()
+    back = pd.read_parquet(tmp_path / "t.parquet")
+    pd.testing.assert_frame_equal(back, result.requests)
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "t.parquet").column("completion").null_count == int(result.requests["completion"].isna().sum()) > 0
+
+
+def test_run_result_records_read_as_frames_and_edits_reach_the_files(tmp_path):
+    import dataclasses
+
+    sc = scenario_from_dict(__import__("yaml").safe_load(SCENARIO))
+    result = runner.run_scenario(sc)
+    assert isinstance(result.requests, pd.DataFrame) and isinstance(result.steps, pd.DataFrame)
+    result.requests["tag"] = "x"  # (an annotated frame is what gets written)
+    runner.write_outputs(result, tmp_path / "o", "csv")
+    assert (tmp_path / "o" / "requests.csv").read_text().splitlines()[0].endswith(",tag")
+    head = dataclasses.replace(result, requests=result.requests.head(2))
+    assert len(head.requests) == 2 and len(head.request_table) == 2
+    again = runner.RunResult(scenario=sc, summary={}, requests=result.requests, steps=result.steps, itl=result.itl, meta={})
+    assert again.requests is result.requests
+
+
+@pytest.mark.parametrize("engine", ["core", "python"])
+def test_a_horizon_before_any_request_leaves_the_frontend_keeps_typed_records(engine, tmp_path):
+    from batchsim import core
+
+    if engine == "core" and core.library() is None:
+        pytest.skip(f"no compiled core here: {core.library_error()}")
+    sc = scenario_from_dict({
+        "name": "fe", "model": "llama-3-8b", "hardware": "h100-sxm", "engine": engine,
+        "policy": {"name": "chunked_prefill"}, "horizon_s": 0.2, "overheads": {"frontend": {"per_request_us": 250000}},
+        "workload": {"num_requests": 50, "arrival": {"process": "poisson", "rate": 50.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 400}, "output_tokens": {"dist": "fixed", "value": 50}}})
+    result, _ = runner.run_to_folder(sc, tmp_path / "o", fmt="csv")
+    req = result.requests
+    assert len(req) > 0 and set(req["status"]) == {"unfinished"}
+    assert req["rid"].dtype == np.int64 and req["arrival"].dtype == np.float64
+    rows = (tmp_path / "o" / "requests.csv").read_text().splitlines()
+    assert rows[2].split(",")[4] == "%.9g" % req["arrival"].iloc[1]  # (a float column, written as one)

@@ -550,3 +550,26 @@ def test_a_plugin_whose_schedule_returns_no_plan_is_named_in_one_line():
     assert scenario_error({"workload": W, "policy": {"name": f"{__name__}:NotAPlan"}}) == (
         f"policy: '{__name__}:NotAPlan' broke the engine contract: schedule() returned dict; expected a "
         "batchsim.sim.types.BatchPlan")
+
+
+@pytest.mark.parametrize("text", ["seed:\t1\n", "a: 1\t\n", "[1,\t2]\n", "a:\t\n  b: 1\n", "%FOO bar\n---\na: 1\n",
+                                  "%YAML 1.1\n---\na: 1\n", "a: 1\n\ufeffb: 2\n", "\ufeffa: 1\n", "a: '90%'\n", "\udcff",
+                                  "a: &x 1\nb: *x\n", "<<: {a: 1}\nb: 2\n", "a: 1\na: 2\n", "t: 2001-12-14t21:59:43.10-05:00\n"])
+def test_yaml_loads_as_the_pure_python_loader_loads_it(text):
+    # (libyaml's scanner reads tabs, directives, late byte-order marks and lone surrogates differently:
+    # batchsim.sim.safe_yaml gives those to the pure-Python loader)
+    from batchsim.sim import safe_yaml
+
+    def outcome(load):
+        try:
+            return "ok", repr(load(text))
+        except yaml.YAMLError as e:
+            return type(e).__name__, str(getattr(e, "problem", e)), getattr(getattr(e, "problem_mark", None), "line", None)
+
+    assert outcome(safe_yaml.load_yaml) == outcome(lambda t: safe_yaml._load(t, safe_yaml._UniqueKeyLoader))
+
+
+def test_a_set_value_with_a_byte_that_is_not_utf8_is_kept_as_text(tmp_path):
+    q = tmp_path / "s.yaml"
+    q.write_text("workload: {num_requests: 1}\n")
+    assert load_scenario(q, ["name=\udcff"]).name == "\udcff"

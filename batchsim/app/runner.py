@@ -37,8 +37,8 @@ from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import ItlRecords, TokenSteps
 from batchsim.sim.frontend import engine_arrivals
-from batchsim.sim.records import (AutoSteps, FrameSteps, StepStream, TimelineSteps, add_latencies, empty_steps,
-                                  request_frame)
+from batchsim.sim.records import (AutoSteps, FrameSteps, StepStream, TimelineSteps, add_latencies, empty_requests,
+                                  empty_step_table, request_frame)
 from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
 from batchsim.sim.table import Table, as_table, column
@@ -62,32 +62,51 @@ class Parts:
 
 @dataclass
 class RunResult:
-    """Everything a run produced: the summary and the flat records (numpy columns,
-    batchsim.sim.table.Table; :attr:`requests` and :attr:`steps` are them as pandas frames,
-    made when first read, so a run that only writes its files never imports pandas)."""
+    """Everything a run produced: the summary and the flat records.
+
+    ``requests`` and ``steps`` are given as numpy columns (batchsim.sim.table.Table, what the run
+    makes) or as pandas frames, and read as pandas frames, made when first read, so a run that only
+    writes its files never imports pandas. Once a frame was read it is the records (an edit to it
+    reaches :func:`write_outputs`); :attr:`request_table` and :attr:`step_table` are the records
+    as columns either way."""
 
     scenario: Scenario
     summary: dict
-    request_table: Table
-    step_table: Table
+    requests: Any
+    steps: Any
     itl: ItlRecords  # every gap (batchsim.sim.itl): .weighted(), .frame() for one row per gap
     meta: dict
     engine: dict = field(default_factory=dict)  # how the engine ran (not a result: may differ by mode)
-    _frames: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def requests(self):
-        """The request records as a pandas frame."""
-        if "requests" not in self._frames:
-            self._frames["requests"] = self.request_table.to_pandas()
-        return self._frames["requests"]
+    def request_table(self) -> Table:
+        """The request records as columns."""
+        return as_table(self.__dict__["_requests"])
 
     @property
-    def steps(self):
-        """The step records as a pandas frame (none without step rows kept)."""
-        if "steps" not in self._frames:
-            self._frames["steps"] = self.step_table.to_pandas()
-        return self._frames["steps"]
+    def step_table(self) -> Table:
+        """The step records as columns."""
+        return as_table(self.__dict__["_steps"])
+
+
+def _records(name: str) -> property:
+    """A RunResult records attribute: stored as given, read as a pandas frame (made once)."""
+    key = f"_{name}"
+
+    def get(self):
+        value = self.__dict__[key]
+        if isinstance(value, Table):
+            value = self.__dict__[key] = value.to_pandas()
+        return value
+
+    def put(self, value) -> None:
+        self.__dict__[key] = value
+
+    return property(get, put, doc=f"The {name} records as a pandas frame.")
+
+
+RunResult.requests = _records("requests")  # (after the dataclass made __init__, which assigns them)
+RunResult.steps = _records("steps")
 
 
 def _seeds(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
@@ -324,6 +343,9 @@ def conclude(scenario: Scenario, parts: Parts, requests, itl: ItlRecords, now: f
     checked, the step records closed, and the summary over ``totals_of(sim_end)``. Returns
     (requests, steps, gaps, summary, sim_end), the records as Tables."""
     requests = as_table(requests)
+    if not len(requests):  # (a frame of no rows has no column types: each gets its own)
+        typed = empty_requests()
+        requests = Table({c: typed[c] if c in typed else np.empty(0) for c in requests.columns})
     fe = getattr(parts.cost, "frontend", None)
     workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
     client = client_sent if parts.workload.closed is not None else client_arrival
@@ -333,7 +355,7 @@ def conclude(scenario: Scenario, parts: Parts, requests, itl: ItlRecords, now: f
     # (the records in one canonical order, by end time then replica, whatever order SimPy resumed
     # replicas that end a step at the same time in: StepStream)
     steps.close()
-    step_df = step_sink.table() if isinstance(step_sink, FrameSteps) else empty_steps()
+    step_df = step_sink.table() if isinstance(step_sink, FrameSteps) else empty_step_table()
     if fe is not None and scenario.horizon_s is not None:
         requests, itl = _frontend_horizon(requests, itl, client, parts.workload, scenario.horizon_s)
     unfinished = bool((requests["status"] == UNFINISHED).any()) if len(requests) else False
@@ -544,7 +566,7 @@ class _StepFile(TableFile):
     """steps.<fmt> written as the run makes the steps (a batchsim.sim.records.StepStream sink)."""
 
     def close(self, columns=None) -> Path:
-        return super().close(empty_steps())
+        return super().close(empty_step_table())
 
 
 def run_to_folder(scenario: Scenario, out_dir: str | Path, base_dir: Path | None = None, fmt: str = "auto",

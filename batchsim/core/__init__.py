@@ -47,7 +47,7 @@ import numpy as np
 
 from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
-from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, request_frame
+from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, empty_requests
 from batchsim.sim.table import Table
 from batchsim.sim.itl import ItlRecords, Times
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
@@ -687,7 +687,7 @@ def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, 
     """The request records (batchsim.sim.records.request_frame's, the same dtypes and values, as a
     batchsim.sim.table.Table) built from the core's arrays, without a Python object per request."""
     if delivered == 0:
-        return Table.from_pandas(request_frame([]))
+        return empty_requests()
     k = delivered
     rep, status, reason, rval, gen, pre, at_int = (req_i[j, :k] for j in range(7))
     admitted, first, last, comp, mx = (req_f[j, :k] for j in range(5))

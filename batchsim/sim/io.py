@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from batchsim.sim.table import Table, column
+from batchsim.sim.table import Table
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "csv_text", "write_parquet", "write_table",
            "TableFile", "write_set", "clean_orphans", "MANIFEST", "FORMATS"]
@@ -82,7 +82,8 @@ _CHUNK_ROWS = 1 << 16
 
 
 def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v)) or type(v).__name__ in ("NAType", "NaTType")
+    return (v is None or (isinstance(v, (float, np.floating)) and math.isnan(v))
+            or type(v).__name__ in ("NAType", "NaTType"))
 
 
 def _cells(a: np.ndarray) -> list:
@@ -101,7 +102,7 @@ def _columns(table) -> list[tuple[str, np.ndarray]]:
         return list(table.items())
     if isinstance(table, dict):
         return [(k, np.asarray(v)) for k, v in table.items()]
-    return [(str(c), column(table, c)) for c in table.columns]  # (a pandas frame)
+    return [(str(c), table.iloc[:, i].to_numpy()) for i, c in enumerate(table.columns)]  # (a pandas frame)
 
 
 def csv_text(table, header: bool = True) -> str:
@@ -120,11 +121,14 @@ def csv_text(table, header: bool = True) -> str:
 def _arrow_table(chunk):
     import pyarrow as pa
 
-    if isinstance(chunk, Table):
-        chunk = dict(chunk.items())
     if isinstance(chunk, dict):
-        return pa.table(chunk)  # (numeric numpy columns: no copy; no pandas metadata in the file)
-    return pa.Table.from_pandas(chunk, preserve_index=False)
+        return pa.table(chunk)  # (a stream's numeric columns: no copy)
+    # NOTE: records (a Table, or a pandas frame, converted to one) go in column by column with
+    # pandas' null semantics (NaN and None as null, as pa.Table.from_pandas read them), so a run's
+    # records and the frame RunResult.requests makes of them write the same bytes; no pandas
+    # schema metadata: pandas, polars and duckdb read the table alike
+    cols = chunk if isinstance(chunk, Table) else Table.from_pandas(chunk)
+    return pa.table({k: pa.array(a, from_pandas=True) for k, a in cols.items()})
 
 
 # NOTE: Parquet with zstd and no dictionary pages: dictionary encoding of float columns whose

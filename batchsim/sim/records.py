@@ -15,7 +15,7 @@ import numpy as np
 from batchsim.sim.state import COMPLETED, Seq
 from batchsim.sim.table import Table, column
 
-__all__ = ["Columns", "StepStream", "FrameSteps", "TimelineSteps", "AutoSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "empty_steps", "request_frame", "add_latencies"]
+__all__ = ["Columns", "StepStream", "FrameSteps", "TimelineSteps", "AutoSteps", "TIMELINE_FIELDS", "STEP_FIELDS", "empty_steps", "empty_step_table", "empty_requests", "request_frame", "add_latencies"]
 
 # (name, dtype) of every per-step column, in steps.csv order.
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
@@ -152,9 +152,14 @@ def _in_order(end: np.ndarray, rep: np.ndarray) -> bool:
     return bool(((de > 0) | ((de == 0) & (dr >= 0))).all())
 
 
-def empty_steps() -> Table:
+def empty_step_table() -> Table:
     """Step records with no rows (every column of STEP_FIELDS, its dtype)."""
     return Table({f: np.empty(0, dtype=dt) for f, dt in STEP_FIELDS})
+
+
+def empty_steps():
+    """:func:`empty_step_table` as a pandas frame."""
+    return empty_step_table().to_pandas()
 
 
 class FrameSteps:
@@ -171,7 +176,7 @@ class FrameSteps:
 
     def table(self) -> Table:
         if not self._chunks:
-            return empty_steps()
+            return empty_step_table()
         return Table({f: np.concatenate([c[f] for c in self._chunks]) for f, _ in STEP_FIELDS})
 
     def frame(self):
@@ -367,6 +372,15 @@ REQUEST_COLUMNS = (
     "generated_tokens", "admitted", "first_token", "last_token", "completion",
     "ttft", "tpot", "e2el", "max_itl", "preemptions", "cached_tokens",
 )
+
+
+_REQUEST_DTYPES = {"status": object, "reason": object, "arrival": "f8", "admitted": "f8", "first_token": "f8",
+                   "last_token": "f8", "completion": "f8", "ttft": "f8", "tpot": "f8", "e2el": "f8", "max_itl": "f8"}
+
+
+def empty_requests() -> Table:
+    """Request records with no rows, each column of its type (integers, times, words)."""
+    return Table({c: np.empty(0, dtype=_REQUEST_DTYPES.get(c, "i8")) for c in REQUEST_COLUMNS})
 
 
 def add_latencies(df):
