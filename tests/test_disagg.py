@@ -481,3 +481,44 @@ def test_plan_rows_of_a_disaggregated_file_reproduce_colocated_and_split(tmp_pat
         s = run_scenario(sc, keep_steps=False).summary
         assert s["p90_ttft_ms"] == pytest.approx(r["p90_ttft_ms"]), r["config"]
         assert ("disaggregation=null" in r["reproduce"]) == (r["deployment"] == "colocated")
+
+
+def test_requests_still_in_the_frontend_at_the_horizon_are_unfinished_with_no_transfer():
+    # (a frontend slower than the arrivals: at horizon_s some requests never reached the prefill pool)
+    data = __import__("yaml").safe_load(open("examples/disagg-1p1d.yaml"))
+    data.update(horizon_s=20.0, overheads={"frontend": {"per_request_us": 200000}})
+    result = run_scenario(scenario_from_dict(data))
+    req = result.requests
+    waiting = req[req["prefill_replica"] == -1]
+    assert len(waiting) > 0 and set(waiting["status"]) == {"unfinished"}
+    assert waiting[["prefill_end", "transfer_end", "kv_transfer_bytes", "frontend_in_s"]].isna().all().all()
+    assert req["rid"].is_monotonic_increasing and req["prefill_replica"].dtype == np.int64
+    assert result.summary["unfinished"] >= 1
+
+
+def test_plan_rows_of_a_colocated_file_with_replicas_and_router_reproduce_split(tmp_path):
+    """A colocated file that names replicas and router: its xPyD rows' reproduce commands set them
+    back to their defaults (a default written out is allowed beside a disaggregation section)."""
+    import shlex
+
+    import yaml
+
+    from batchsim.app.capacity.planner import PlanSpec, plan
+    from batchsim.app.config import load_scenario
+
+    data = {k: v for k, v in SCENARIO.items() if k != "disaggregation"}
+    data.update(replicas=2, router="least_outstanding", workload={**SCENARIO["workload"], "num_requests": 160})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = PlanSpec(slos={"p90_ttft_ms": 800.0}, deployments=("colocated", (1, 1)), seeds=1)
+    res = plan(scenario_from_dict(data), spec, tmp_path / "p", executor="serial", source=(str(path), ()))
+    assert len(res.frame) == 2
+    for _, r in res.frame.iterrows():
+        assert r["reproduce"], r["config"]
+        args = shlex.split(r["reproduce"])
+        sc = load_scenario(args[2], [args[i + 1] for i, a in enumerate(args) if a == "--set"])
+        assert (sc.disaggregation is not None) == (r["deployment"] != "colocated")
+        assert run_scenario(sc, keep_steps=False).summary["p90_ttft_ms"] == pytest.approx(r["p90_ttft_ms"]), r["config"]
+    with pytest.raises(InputError, match="replicas is for a colocated deployment"):
+        scenario_from_dict({**SCENARIO, "replicas": 2})
+    assert scenario_from_dict({**SCENARIO, "replicas": 1, "router": "round_robin"}).disaggregation is not None

@@ -185,7 +185,9 @@ class Scenario(NoBoolNumbers):
     def _pools_not_replicas(self) -> "Scenario":
         if self.disaggregation is not None:
             for name in ("replicas", "router"):
-                if name in self.model_fields_set:
+                # NOTE: the default written out is allowed (it says nothing): so a file that names
+                # replicas or router has a command that runs it disaggregated (--set replicas=1)
+                if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default:
                     raise ValueError(f"{name} is for a colocated deployment; with disaggregation set "
                                      f"disaggregation.prefill.{name} and disaggregation.decode.{name}")
         return self

@@ -429,6 +429,11 @@ def _frontend_horizon(requests: Table, itl: ItlRecords, sent: np.ndarray, worklo
         rows = as_table(request_frame([Seq(int(i), float(sent[i]), int(workload.prompt_tokens[i]),
                                            int(workload.output_tokens[i])) for i in waiting.tolist()]))
         rows["frontend_in_s"] = np.full(len(rows), np.nan)
+        for c in req.columns:  # (columns of a deployment's own, e.g. the KV transfer's: none yet)
+            if c not in rows:
+                kind = req[c].dtype.kind
+                rows[c] = (np.full(len(rows), -1 if kind in "iu" else np.nan, dtype=req[c].dtype) if kind in "iuf"
+                           else np.full(len(rows), None, dtype=object))
         req = Table.concat([req, rows.select(req.columns)]).sort_by("rid")
     return add_latencies(req), itl
 

@@ -72,6 +72,20 @@ def _loaded(path: str, policy: str | None, sets: Sequence[str]) -> dict:
     return data
 
 
+def _field_default(name: str) -> Any:
+    """A scenario field's plain default (a number, text, bool), or _MISSING."""
+    from batchsim.app.config import Scenario
+
+    field = Scenario.model_fields.get(name)
+    d = getattr(field, "default", _MISSING)
+    return d if isinstance(d, (int, float, str, bool)) else _MISSING
+
+
+def _unset_defaults(data: dict) -> dict:
+    """``data`` less the top-level fields that hold their plain default (written or not, the same scenario)."""
+    return {k: v for k, v in data.items() if (d := _field_default(k)) is _MISSING or v != d or type(v) is not type(d)}
+
+
 def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str | None:
     """``batchsim run PATH [--policy P] --set ...`` whose scenario is ``target``; None if no
     such command is found (it is checked by loading it as ``batchsim run`` does)."""
@@ -80,6 +94,13 @@ def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str
     base = _loaded(path, None, user)
     if "disaggregation" in base and "disaggregation" not in target:  # (a colocated row of a disaggregated file)
         user.append("disaggregation=null")
+        base = _loaded(path, None, user)
+    # (a field the file sets and the row's scenario leaves unset, such as a colocated file's
+    # replicas in a disaggregated row: set back to its default, which says nothing)
+    defaults = [f"{k}={_text(d)}" for k in base if k not in target
+                if (d := _field_default(k)) is not _MISSING]
+    user += defaults
+    if defaults:
         base = _loaded(path, None, user)
     name = str(target.get("policy", {}).get("name"))
     swap = name if name != str(base.get("policy", {}).get("name")) else None
@@ -94,7 +115,7 @@ def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str
     tries.append((None, user + scenario_sets(base, target)))  # the policy spelled out
     for policy, sets in tries:
         try:
-            if _loaded(path, policy, sets) != target:
+            if _unset_defaults(_loaded(path, policy, sets)) != _unset_defaults(target):
                 continue
         except Exception:  # noqa: BLE001 - a candidate that does not load is not the command
             continue
