@@ -340,6 +340,7 @@ def test_run_result_records_read_as_frames_and_edits_reach_the_files(tmp_path):
     assert len(head.requests) == 2 and len(head.request_table) == 2
     again = runner.RunResult(scenario=sc, summary={}, requests=result.requests, steps=result.steps, itl=result.itl, meta={})
     assert again.requests is result.requests
+    assert result == result and result != again  # (one run is one object: frames have no truth value)
 
 
 @pytest.mark.parametrize("engine", ["core", "python"])

@@ -169,7 +169,8 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
             if c != "prefill_admitted":
                 requests[c] = cols[c]
     else:
-        requests = requests.assign(**{c: np.empty(0) for c in TRANSFER_COLUMNS if c != "prefill_admitted"})
+        requests = requests.assign(**{c: np.empty(0, dtype=np.int64 if c == "prefill_replica" else np.float64)
+                                      for c in TRANSFER_COLUMNS if c != "prefill_admitted"})
     every = made["prefill"] + made["decode"]
     itl = _itl_records(every, cluster.requests, len(workload))
     caches = pre.caches + dec.caches

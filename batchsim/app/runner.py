@@ -60,7 +60,7 @@ class Parts:
     meta: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)  # (two runs are the same run only if they are one object: frames have no truth value)
 class RunResult:
     """Everything a run produced: the summary and the flat records.
 
@@ -80,13 +80,18 @@ class RunResult:
 
     @property
     def request_table(self) -> Table:
-        """The request records as columns."""
+        """The request records as columns (for reading: once the frame was read, a new Table of
+        it each time; edit :attr:`requests`)."""
         return as_table(self.__dict__["_requests"])
 
     @property
     def step_table(self) -> Table:
-        """The step records as columns."""
+        """The step records as columns (as :attr:`request_table`)."""
         return as_table(self.__dict__["_steps"])
+
+    def records(self, name: str):
+        """The ``requests`` or ``steps`` records as they are held: a Table, or the frame once read."""
+        return self.__dict__[f"_{name}"]
 
 
 def _records(name: str) -> property:
@@ -345,7 +350,8 @@ def conclude(scenario: Scenario, parts: Parts, requests, itl: ItlRecords, now: f
     requests = as_table(requests)
     if not len(requests):  # (a frame of no rows has no column types: each gets its own)
         typed = empty_requests()
-        requests = Table({c: typed[c] if c in typed else np.empty(0) for c in requests.columns})
+        requests = Table({c: typed[c] if c in typed else requests[c] if requests[c].dtype != object else np.empty(0)
+                          for c in requests.columns})
     fe = getattr(parts.cost, "frontend", None)
     workload = parts.workload if sent is parts.workload.arrival else replace(parts.workload, arrival=sent)
     client = client_sent if parts.workload.closed is not None else client_arrival
@@ -432,7 +438,7 @@ def _frontend_horizon(requests: Table, itl: ItlRecords, sent: np.ndarray, worklo
         for c in req.columns:  # (columns of a deployment's own, e.g. the KV transfer's: none yet)
             if c not in rows:
                 kind = req[c].dtype.kind
-                rows[c] = (np.full(len(rows), -1 if kind in "iu" else np.nan, dtype=req[c].dtype) if kind in "iuf"
+                rows[c] = (np.full(len(rows), {"i": -1, "u": 0, "f": np.nan}[kind], dtype=req[c].dtype) if kind in "iuf"
                            else np.full(len(rows), None, dtype=object))
         req = Table.concat([req, rows.select(req.columns)]).sort_by("rid")
     return add_latencies(req), itl
@@ -651,11 +657,11 @@ def write_outputs(result: RunResult, out_dir: str | Path, fmt: str = "csv", step
     written (:func:`run_to_folder`; ``steps`` says which: rows or a timeline), moved into the set.
     Returns ``{"format", "steps", "why", "files"}``."""
     writers = {"summary.json": lambda p: write_json(p, result.summary),
-               f"requests.{fmt}": lambda p: write_table(p, result.request_table, fmt)}
+               f"requests.{fmt}": lambda p: write_table(p, result.records("requests"), fmt)}
     if steps_path is not None:
         writers[f"steps.{fmt}"] = lambda p: os.replace(steps_path, p)
     elif steps != "none" and result.scenario.measure.step_records and result.scenario.measure.records == "full":
-        writers[f"steps.{fmt}"] = lambda p: write_table(p, result.step_table, fmt)
+        writers[f"steps.{fmt}"] = lambda p: write_table(p, result.records("steps"), fmt)
     prov = result.summary.get("provenance") or {}
     about = {"written_by": f"batchsim {__version__}", "scenario": result.scenario.name,
              "scenario_hash": prov.get("scenario_hash"), "format": fmt,

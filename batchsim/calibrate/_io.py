@@ -8,6 +8,8 @@ offending value, which is what the CLI prints.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import reprlib
@@ -56,6 +58,13 @@ def _is(path: Path, test: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed_yaml(text: str) -> Any:
+    """``load_yaml(text)``, once per text in a process: a plan point reads its hardware profile and
+    model again (7 ms of pure-Python parsing for a profile); a refusal is raised every time."""
+    return load_yaml(text)
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
     """Read a JSON (``.json``) or YAML file that must hold a mapping."""
     try:
@@ -65,7 +74,7 @@ def read_mapping(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text ({e.reason} at byte {e.start})", where=str(path)) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
+        data = json.loads(text) if path.suffix == ".json" else copy.deepcopy(_parsed_yaml(text))
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON: {e}", where=str(path)) from None
     except yaml.YAMLError as e:  # one line: the problem and where, not PyYAML's multi-line context

@@ -9,7 +9,6 @@ the line. Keys merged in with ``<<: *anchor`` may be overridden, as YAML allows.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import yaml
@@ -29,9 +28,7 @@ class DuplicateKeyError(ConstructorError):
                          mark)
 
 
-class _UniqueKeys:
-    """The duplicate-key check, mixed into a safe loader."""
-
+class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, Any] = {}
@@ -48,47 +45,10 @@ class _UniqueKeys:
         return super().construct_mapping(node, deep=deep)
 
 
-class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
-    pass
-
-
-# NOTE: libyaml's parser (when PyYAML was built with it) feeds the same Python constructor and
-# resolver, so a document loads to the same objects, ~10x faster (a hardware profile: 7 ms -> 0.7 ms,
-# which every plan point reads). The two scanners differ on a few lexical points (a fuzz of 60,000
-# documents found these): libyaml accepts tabs the pure-Python scanner refuses, refuses a directive
-# line (``%FOO``) and a byte-order mark after the first character that it accepts, and cannot encode
-# the lone surrogates Python makes of a non-UTF-8 command-line byte. A document with any of those is
-# read by the pure-Python loader alone, so both read every document alike; and a document libyaml
-# refuses is parsed again by the pure-Python loader, whose message (naming the token) is reported.
-_FAST = type("_FastUniqueKeyLoader", (_UniqueKeys, yaml.CSafeLoader), {}) if yaml.__with_libyaml__ else None
-_DIRECTIVE = re.compile("(?:^|[\n\r\x85\u2028\u2029])%")
-
-
-def _load(text: str, loader_class) -> Any:
-    loader = loader_class(text)
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, but a mapping with a repeated key is a :class:`DuplicateKeyError`."""
+    loader = _UniqueKeyLoader(text)
     try:
         return loader.get_single_data()
     finally:
         loader.dispose()
-
-
-def _libyaml_reads_alike(text: str) -> bool:
-    """No tab, no directive line, no byte-order mark past the start, and encodable as UTF-8."""
-    if "\t" in text or "\ufeff" in text[1:] or _DIRECTIVE.search(text):
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load(text)``, but a mapping with a repeated key is a :class:`DuplicateKeyError`."""
-    if _FAST is None or not isinstance(text, str) or not _libyaml_reads_alike(text):
-        return _load(text, _UniqueKeyLoader)
-    try:
-        return _load(text, _FAST)
-    except yaml.YAMLError as fast_error:
-        _load(text, _UniqueKeyLoader)  # (raises the same refusal, in the pure-Python loader's words)
-        raise fast_error

@@ -91,7 +91,11 @@ class Table:
 
     @classmethod
     def from_pandas(cls, df) -> "Table":
-        return cls({str(c): df[c].to_numpy() for c in df.columns}, n=len(df))
+        names = [str(c) for c in df.columns]
+        if len(set(names)) < len(names):
+            twice = sorted({c for c in names if names.count(c) > 1})
+            raise ValueError(f"records with repeated column names ({', '.join(twice)}): each column needs its own name")
+        return cls({name: df.iloc[:, i].to_numpy() for i, name in enumerate(names)}, n=len(df))
 
 
 def column(table, name: str, dtype=None) -> np.ndarray:
