@@ -310,32 +310,40 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
             plans.append((lo, lo + 1, h - lo))
     ranks = sorted({r for lo, hi, _ in plans for r in (lo, hi)})
     if kept is not None:  # few values: the ranks from one sort of them all (the same values, exactly)
-        sq = sum((float(_sum((v - mean) ** 2 * c)) for v, c in kept), 0.0)
-        vals = np.concatenate([v for v, _ in kept])
-        order = np.argsort(vals, kind="stable")
-        cum = np.cumsum(np.concatenate([c for _, c in kept])[order])
-        at_rank = {r: float(vals[order][int(np.searchsorted(cum, r, "right"))]) for r in ranks}
-        return n, mean, math.sqrt(sq / n), [_lerp(at_rank[lo], at_rank[hi], g) for lo, hi, g in plans]
-    cum = np.cumsum(hist)
-    where = {r: int(np.searchsorted(cum, r, "right")) for r in ranks}
-    wanted = np.array(sorted({b + base for b in where.values()}), dtype=np.int64)
-    sq = 0.0
-    found: dict[int, list] = {int(b): [] for b in wanted}
-    for v, c in pieces():
-        sq += float(_sum((v - mean) ** 2 * c))
-        k = _keys(v)
-        sel = np.flatnonzero(np.isin(k, wanted))
-        for b in np.unique(k[sel]).tolist():
-            at = sel[k[sel] == b]
-            found[b].append((v[at], c[at]))
-    at_rank = {}
-    for r, b in where.items():
-        vals = np.concatenate([v for v, _ in found[b + base]])
-        cnts = np.concatenate([c for _, c in found[b + base]])
-        order = np.argsort(vals, kind="stable")
-        before = int(cum[b - 1]) if b else 0
-        at_rank[r] = float(vals[order][int(np.searchsorted(np.cumsum(cnts[order]), r - before, "right"))])
+        sq = sum((_squares(v, c, mean) for v, c in kept), 0.0)
+        at_rank = _at_ranks(kept, ranks)
+    else:
+        cum = np.cumsum(hist)
+        where = {r: int(np.searchsorted(cum, r, "right")) for r in ranks}
+        wanted = np.array(sorted({b + base for b in where.values()}), dtype=np.int64)
+        sq = 0.0
+        found: dict[int, list] = {int(b): [] for b in wanted}
+        for v, c in pieces():
+            sq += _squares(v, c, mean)
+            k = _keys(v)
+            sel = np.flatnonzero(np.isin(k, wanted))
+            for b in np.unique(k[sel]).tolist():
+                at = sel[k[sel] == b]
+                found[b].append((v[at], c[at]))
+        at_rank = {}
+        for r, b in where.items():  # (the rank within its bucket: past the buckets before it)
+            within = r - (int(cum[b - 1]) if b else 0)
+            at_rank[r] = _at_ranks(found[b + base], [within])[within]
     return n, mean, math.sqrt(sq / n), [_lerp(at_rank[lo], at_rank[hi], g) for lo, hi, g in plans]
+
+
+def _squares(v: np.ndarray, c: np.ndarray, mean: float) -> float:
+    """The weighted sum of squared deviations of one piece."""
+    return float(_sum((v - mean) ** 2 * c))
+
+
+def _at_ranks(pieces: list, ranks) -> dict[int, float]:
+    """The value at each 0-based rank of the values of ``pieces`` (``(values, counts)``), each
+    repeated its count: one stable sort of them all."""
+    vals = np.concatenate([v for v, _ in pieces])
+    order = np.argsort(vals, kind="stable")
+    cum = np.cumsum(np.concatenate([c for _, c in pieces])[order])
+    return {r: float(vals[order][int(np.searchsorted(cum, r, "right"))]) for r in ranks}
 
 
 def weighted_percentile(values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]) -> list[float]:

@@ -33,10 +33,7 @@ class Table:
             n = lengths.pop() if lengths else 0
         if lengths - {n}:
             raise ValueError(f"columns of unequal lengths: { {k: len(a) for k, a in cols.items()} }")
-        for name, a in cols.items():
-            if not a.ndim:  # (a scalar fills its column, as a frame's does)
-                cols[name] = np.full(n, a[()], dtype=a.dtype)
-        self._cols, self._n = cols, n
+        self._cols, self._n = {name: _filled(a, n) for name, a in cols.items()}, n
 
     @property
     def columns(self) -> list[str]:
@@ -55,10 +52,10 @@ class Table:
         return Table({k: a[key] for k, a in self._cols.items()}, n=int(key.sum()) if key.dtype == bool else len(key))
 
     def __setitem__(self, name: str, values) -> None:
-        a = np.asarray(values)
-        self._cols[name] = np.full(self._n, a[()], dtype=a.dtype) if not a.ndim else a
-        if len(self._cols[name]) != self._n:
-            raise ValueError(f"column {name!r} has {len(self._cols[name])} values for {self._n} rows")
+        a = _filled(np.asarray(values), self._n)
+        if len(a) != self._n:
+            raise ValueError(f"column {name!r} has {len(a)} values for {self._n} rows")
+        self._cols[name] = a
 
     def copy(self) -> "Table":
         return Table({k: a.copy() for k, a in self._cols.items()}, n=self._n)
@@ -96,6 +93,11 @@ class Table:
             twice = sorted({c for c in names if names.count(c) > 1})
             raise ValueError(f"records with repeated column names ({', '.join(twice)}): each column needs its own name")
         return cls({name: df.iloc[:, i].to_numpy() for i, name in enumerate(names)}, n=len(df))
+
+
+def _filled(a: np.ndarray, n: int) -> np.ndarray:
+    """A column: ``a``, or the scalar ``a`` repeated ``n`` times (as a frame fills a scalar)."""
+    return a if a.ndim else np.full(n, a[()], dtype=a.dtype)
 
 
 def column(table, name: str, dtype=None) -> np.ndarray:
