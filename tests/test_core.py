@@ -341,3 +341,42 @@ def test_progress_reports_a_run_in_flight():
     assert 0 < first["steps"] <= last["steps"] <= result.engine["steps"]
     assert 0 < first["arrived"] <= last["arrived"] <= 2500 and first["completed"] <= last["completed"]
     assert 0 < first["sim_s"] <= last["sim_s"]
+
+
+@pytest.mark.parametrize("policy,extra", [("static", {}), ("chunked_prefill", {"replicas": 3, "router": "least_kv"}),
+                                          ("continuous", {"horizon_s": 14.0})])
+def test_records_read_while_the_core_runs_on_are_exact(policy, extra, tmp_path, monkeypatch):
+    """The core runs on into a second set of buffers while the first is read (run_core): with
+    buffers of a few dozen steps and gaps (hundreds of hand-overs) every record is still the
+    Python engine's, byte for byte."""
+    monkeypatch.setattr(core, "_STEP_CAP", 64)
+    monkeypatch.setattr(core, "_GAP_CAP", 1)  # (the least the core takes: twice a step's rows)
+    spec = extra.get("policy", POLICIES[policy])
+    out = _both(_scenario(spec, **{k: v for k, v in extra.items() if k != "policy"}), tmp_path)
+    _assert_same(out)
+    assert out["core"][1].engine["steps"] > 20 * 64
+
+
+def test_a_sink_that_fails_mid_run_stops_the_core_cleanly(monkeypatch):
+    """An error while the records are read (a full disk, say) comes out as itself once the core,
+    running on meanwhile, has stopped; the next run is unaffected."""
+    from batchsim.sim.records import StepStream
+
+    monkeypatch.setattr(core, "_STEP_CAP", 64)
+    calls = []
+    extend = StepStream.extend
+
+    def failing(self, *columns, count=None):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError("no space left on device")
+        return extend(self, *columns, count=count)
+
+    sc = scenario_from_dict(dict(_scenario(POLICIES["continuous"]), engine="core"))
+    parts = build_parts(sc)
+    monkeypatch.setattr(StepStream, "extend", failing)
+    with pytest.raises(OSError, match="no space left"):
+        simulate(sc, parts)
+    assert core.progress() is None
+    monkeypatch.setattr(StepStream, "extend", extend)
+    assert simulate(sc, parts).engine["engine"] == "core"

@@ -40,6 +40,7 @@ import stat
 import sys
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,6 +274,8 @@ def library() -> ctypes.CDLL | None:
     lib.core_held.argtypes = [vp]
     lib.core_flushed.restype = None
     lib.core_flushed.argtypes = [vp]
+    lib.core_buffers.restype = None
+    lib.core_buffers.argtypes = [vp] * 6
     lib.core_free.restype = None
     lib.core_free.argtypes = [vp]
     _lib = lib
@@ -527,21 +530,23 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
                    router_rng)
     reps = len(kv_blocks)
-    info, dense, sf, si, g_t, g_run, g_entry, req_i, req_f = (a[k] for k in (
-        "info", "dense", "sf", "si", "g_t", "g_run", "g_entry", "req_i", "req_f"))
+    info, dense, req_i, req_f = (a[k] for k in ("info", "dense", "req_i", "req_f"))
+    sets = [tuple(a[k] for k in _BUFFERS), tuple(np.empty_like(a[k]) for k in _BUFFERS)]
     times: list[list[np.ndarray]] = [[] for _ in range(reps)]
     closed: list[list[np.ndarray]] = [[] for _ in range(5)]
     global _active
     _active = (lib, st, a)
+    ahead = _Ahead(lib, st)
     try:
+        status, cur = lib.core_run(st), 0
         while True:
-            status = lib.core_run(st)
             if status == _NEED_DENSE:
                 lib.core_info(st, _ptr(info))
                 T, s = int(info[2]), int(info[3])
                 dense[:] = [float(v) for v in cost.dense_totals(T, s)]
                 if lib.core_put_dense(st, T, s, _ptr(dense)):
                     raise MemoryError("the compiled core could not grow its cost table")
+                status = lib.core_run(st)
                 continue
             if status == _ERR_ADMIN:
                 raise PolicyError(f"{policy.name}: no step after 100000 plans")
@@ -550,15 +555,27 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
             if status < 0:
                 raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
             lib.core_info(st, _ptr(info))
-            _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed)
-            if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
-                steps.settle(float(info[0]))
-            lib.core_flushed(st)
-            if status == _DONE:
+            full, counts, last = sets[cur], info.copy(), status == _DONE
+            if not last:
+                # the core goes on into the other buffers (on a thread: ctypes lets go of the GIL)
+                # while these are read; what is read, and in what order, is as if it waited
+                cur ^= 1
+                lib.core_buffers(st, *(_ptr(b) for b in sets[cur]))
+                lib.core_flushed(st)
+                ahead.start()
+            try:
+                _flush(counts, reps, *full, steps, times, closed)
+                if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
+                    steps.settle(float(counts[0]))
+            finally:
+                if not last:
+                    status = ahead.wait()
+            if last:
                 break
         lib.core_info(st, _ptr(info))
         held = int(lib.core_held(st))
     finally:
+        ahead.close()
         _active = None
         lib.core_free(st)
     delivered = int(info[4])
@@ -663,6 +680,49 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
                 "prompt": prompt, "output": output,
                 "req_i": req_i, "req_f": req_f, "blocks": blocks, "sf": sf, "si": si, "g_t": g_t,
                 "g_run": g_run, "g_entry": g_entry, "info": info, "dense": dense}
+
+
+_BUFFERS = ("sf", "si", "g_t", "g_run", "g_entry")  # what the core writes as it runs (core_buffers)
+
+
+class _Ahead:
+    """``core_run`` on a thread of its own, one call at a time: :meth:`start` it, :meth:`wait` for
+    its status. The core's state is touched by one thread at a time (the caller reads only the
+    buffers the core was taken off), so nothing it computes depends on the thread."""
+
+    def __init__(self, lib, st) -> None:
+        self._lib, self._st = lib, st
+        self._go, self._done = threading.Semaphore(0), threading.Semaphore(0)
+        self._status = 0
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._stop:
+                return
+            try:
+                self._status = self._lib.core_run(self._st)
+            finally:
+                self._done.release()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="batchsim-core", daemon=True)
+            self._thread.start()
+        self._go.release()
+
+    def wait(self) -> int:
+        self._done.acquire()
+        return self._status
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop = True
+            self._go.release()
+            self._thread.join()
+            self._thread = None
 
 
 def _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:

@@ -779,9 +779,9 @@ static int grow_and_shape(core_t *s, replica_t *r) {
         if (reserve > total) total = reserve;
         /* admission 'completion': an admission's plan reserve (a running row already holds as much) */
         if (completion && s->prompt[rid] + s->output[rid] > total) total = s->prompt[rid] + s->output[rid];
-        int64_t want = blocks_for(total, s->bs), have = s->held[rid];
-        if (want > have) {
-            int64_t extra = want - have;
+        int64_t have = s->held[rid];
+        if (total > have * s->bs) {  /* (blocks_for(total) > have, without a division per row) */
+            int64_t want = blocks_for(total, s->bs), extra = want - have;
             if (extra > r->total_blocks - r->used) return CORE_ERR_INTERNAL;
             s->held[rid] = want;
             r->used += extra;
@@ -1227,6 +1227,20 @@ static void curve_from(curve_t *c, const core_curve_t *t) {
  * workload arrays, per-request outputs (int64 [10][n] and double [6][n]),
  * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
  * double [R][gap_cap] token-step times, int64 [R][3][gap_cap] and double [R][gap_cap] closed runs). */
+/* Where the replicas write their step records, token-step times and closed runs from now on
+ * (one block per replica, as core_new's): the caller hands over a second set while it reads
+ * the first, so the run goes on as the records are read (batchsim/core/__init__.py run_core). */
+void core_buffers(core_t *s, double *sf, int64_t *si, double *g_t, int64_t *g_run, double *g_entry) {
+    for (int64_t i = 0; i < s->n_rep; i++) {
+        replica_t *r = &s->reps[i];
+        r->sf = sf + i * NSTEP_F * s->step_cap;
+        r->si = si + i * NSTEP_I * s->step_cap;
+        r->g_t = g_t + i * s->gap_cap;
+        r->g_run = g_run + i * 3 * s->gap_cap;
+        r->g_entry = g_entry + i * s->gap_cap;
+    }
+}
+
 core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const core_cost_t *co,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
                  int64_t *req_i, double *req_f, const int64_t *blocks,
@@ -1358,13 +1372,9 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
             core_free(s);
             return NULL;
         }
-        r->sf = sf + i * NSTEP_F * s->step_cap;
-        r->si = si + i * NSTEP_I * s->step_cap;
-        r->g_t = g_t + i * s->gap_cap;
-        r->g_run = g_run + i * 3 * s->gap_cap;
-        r->g_entry = g_entry + i * s->gap_cap;
         r->phase = PH_SCHEDULE;
     }
+    core_buffers(s, sf, si, g_t, g_run, g_entry);
     s->pending_rep = -1;
     /* env.process(): each replica's Initialize, then the arrivals' (URGENT, at 0) */
     for (int64_t i = 0; i < s->n_rep; i++) schedule(s, 0.0, URGENT, EV_INIT_REPLICA, (int)i);

@@ -98,6 +98,12 @@ class _Chunked:
         while done < count:
             n = buf.n
             take = min(count - done, chunk - n)
+            if take == chunk and all(isinstance(c, np.ndarray) and c.dtype.kind == a.dtype.kind
+                                     for a, c in zip(buf.arrays, columns)):
+                # (a whole chunk of the block: reduced where it is, the same values in the same order)
+                self._reduce_columns(replica, [c[done:done + chunk] for c in columns], chunk)
+                done += chunk
+                continue
             for a, c in zip(buf.arrays, columns):
                 a[n:n + take] = c[done:done + take] if isinstance(c, np.ndarray) else c
             buf.n = n + take
@@ -139,7 +145,12 @@ class _Chunked:
                 self._reduce(i, buf)
                 buf.n = 0
 
-    def _reduce(self, replica: int, buf: _Chunk) -> None:  # pragma: no cover - abstract
+    def _reduce(self, replica: int, buf: _Chunk) -> None:
+        n = buf.n
+        self._reduce_columns(replica, buf.arrays if n == self._chunk else [a[:n] for a in buf.arrays], n)
+
+    def _reduce_columns(self, replica: int, cols: list, n: int) -> None:  # pragma: no cover - abstract
+        """Reduce one chunk: ``n`` rows, one array per column."""
         raise NotImplementedError
 
 
@@ -178,9 +189,7 @@ class StepTotals(_Chunked):
         fields = list(zip(*rows))
         return [fields[i] for i in _KEEP]
 
-    def _reduce(self, replica: int, buf: _Chunk) -> None:
-        n, arrays = buf.n, buf.arrays
-        cols = arrays if n == self._chunk else [a[:n] for a in arrays]
+    def _reduce_columns(self, replica: int, cols: list, n: int) -> None:
         end = cols[_END]
         f, i = self._f[replica], self._i[replica]
         f["busy"] += float((end - cols[_START]).sum())

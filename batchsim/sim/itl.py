@@ -64,11 +64,12 @@ class Times:
     """One replica's token-step times, kept in the chunks they were made in (no copy into one
     array: a million-request static run has 240M of them). Sliced like an array."""
 
-    __slots__ = ("_chunks", "_ends")
+    __slots__ = ("_chunks", "_ends", "_starts")
 
     def __init__(self, chunks: Sequence[np.ndarray]) -> None:
         self._chunks = [np.asarray(c, dtype=np.float64) for c in chunks if len(c)]
         self._ends = np.cumsum([len(c) for c in self._chunks], dtype=np.int64)
+        self._starts = (self._ends - [len(c) for c in self._chunks]).tolist()
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -81,7 +82,7 @@ class Times:
             return np.zeros(0)
         i = int(np.searchsorted(self._ends, a, "right"))
         j = int(np.searchsorted(self._ends, b - 1, "right"))
-        starts = self._ends - [len(c) for c in self._chunks]
+        starts = self._starts
         parts = [self._chunks[k][max(a - starts[k], 0):b - starts[k]] for k in range(i, j + 1)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
