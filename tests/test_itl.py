@@ -182,3 +182,42 @@ def test_weighted_sums_do_not_depend_on_the_blas_thread_count():
         outs.add(subprocess.run([sys.executable, "-c", _SUMS], env=env, capture_output=True, text=True,
                                 check=True).stdout)
     assert len(outs) == 1, outs
+
+
+def test_pieces_made_on_a_thread_give_the_same_summary(monkeypatch):
+    """Past _AHEAD values in a piece the rest are made on a thread (itl._ahead): the same pieces,
+    in the same order, so the same bits; an error making one comes out where they are read,
+    and a reader that stops early leaves no thread behind."""
+    import threading
+
+    from batchsim.sim import itl
+
+    rng = np.random.default_rng(3)
+    pieces = [(rng.gamma(2.0, 0.01, n), rng.integers(1, 5, n)) for n in (50, 3000, 7, 2000, 900, 4000)]
+    monkeypatch.setattr(itl, "_FEW", 16)  # (the histogram path: two passes)
+    alone = itl.weighted_summary(lambda: iter(pieces), [50, 90, 99])
+    monkeypatch.setattr(itl, "_AHEAD", 1000)
+    made = []
+
+    def spy():
+        for p in pieces:
+            made.append(threading.current_thread().name)
+            yield p
+
+    assert itl.weighted_summary(spy, [50, 90, 99]) == alone
+    assert "batchsim-itl" in made  # (the thread did make some)
+
+    def broken():
+        yield pieces[1]
+        yield pieces[2]
+        raise RuntimeError("a piece could not be made")
+
+    with pytest.raises(RuntimeError, match="could not be made"):
+        list(itl._ahead(broken()))
+    gen = itl._ahead(iter(pieces))
+    next(gen), next(gen)
+    gen.close()
+    assert not any(t.name == "batchsim-itl" for t in threading.enumerate())
+    made.clear()
+    monkeypatch.setattr(itl, "_AHEAD", 10 ** 9)
+    assert itl.weighted_summary(spy, [50, 90, 99]) == alone and set(made) == {threading.current_thread().name}

@@ -28,6 +28,8 @@ equals ``np.percentile`` over the repeated values.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -178,7 +180,9 @@ class ItlRecords:
                      - np.bincount(b[b0:b1] - lo, minlength=hi - lo))
                 w = np.cumsum(d) + (int(a0) - int(b0))
                 keep = np.flatnonzero(w > 0)
-                if len(keep):
+                if len(keep) == len(w):  # (every step gap of the piece covered, as in a busy replica)
+                    yield np.diff(t[lo - 1:hi]), w
+                elif len(keep):
                     span = t[lo - 1:hi]
                     yield span[1:][keep] - span[:-1][keep], w[keep]
         e = self.entry[~np.isnan(self.entry)]
@@ -269,6 +273,57 @@ def _add_hist(hist: np.ndarray, base: int, k: np.ndarray, c: np.ndarray) -> tupl
     return hist, base
 
 
+_AHEAD = 1 << 18  # values in a piece from which the pieces after it are made on a thread (_ahead)
+
+
+def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``items`` in their order. Once one holds :data:`_AHEAD` values or more (a long run's
+    gaps), the rest are made on a thread, at most ``depth`` ahead, while the caller works on the
+    ones before (numpy lets go of the GIL): what is made and what is summed, in what order, is
+    the same either way. Small inputs (a plan point's) never start a thread."""
+    it = iter(items)
+    for item in it:
+        yield item
+        if len(item[0]) >= _AHEAD:
+            break
+    else:
+        return
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(msg) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(msg, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        try:
+            for x in it:
+                if not put((1, x)):
+                    return
+            put((0, None))
+        except BaseException as e:  # (raised where the items are read)
+            put((2, e))
+
+    thread = threading.Thread(target=make, name="batchsim-itl", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, x = q.get()
+            if kind == 0:
+                return
+            if kind == 2:
+                raise x
+            yield x
+    finally:
+        stop.set()
+        thread.join()
+
+
 def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
                      percentiles: Sequence[float]) -> tuple[int, float, float, list[float]]:
     """``(n, mean, std, [percentile...])`` of the multiset the ``(values, counts)`` pieces make
@@ -281,7 +336,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     n, total, hist, base = 0, 0.0, np.zeros(0, dtype=np.int64), 0
     kept: list | None = []  # the pieces themselves while they are few (then no histogram, one pass)
     few = 0
-    for v, c in pieces():
+    for v, c in _ahead(pieces()):
         if not len(v):
             continue
         if (v < 0).any():
@@ -319,10 +374,12 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
         wanted = np.array(sorted({b + base for b in where.values()}), dtype=np.int64)
         sq = 0.0
         found: dict[int, list] = {int(b): [] for b in wanted}
-        for v, c in pieces():
+        lut = np.zeros(len(hist), dtype=bool)  # (every key is in the histogram's span: the first pass's)
+        lut[wanted - base] = True
+        for v, c in _ahead(pieces()):
             sq += _squares(v, c, mean)
             k = _keys(v)
-            sel = np.flatnonzero(np.isin(k, wanted))
+            sel = np.flatnonzero(lut[k - base])
             for b in np.unique(k[sel]).tolist():
                 at = sel[k[sel] == b]
                 found[b].append((v[at], c[at]))
