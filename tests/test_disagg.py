@@ -523,3 +523,14 @@ def test_plan_rows_of_a_colocated_file_with_replicas_and_router_reproduce_split(
     with pytest.raises(InputError, match="replicas is for a colocated deployment"):
         scenario_from_dict({**SCENARIO, "replicas": 2})
     assert scenario_from_dict({**SCENARIO, "replicas": 1, "router": "round_robin"}).disaggregation is not None
+
+
+def test_a_prompt_the_prefill_pool_cannot_hold_is_refused_in_its_own_words():
+    """A prompt whose KV fits the decode pool but not a smaller prefill pool: the prefill pool ran
+    it as a one-token request, and the reason says so (not 'prompt+output P+1' as if the user had
+    asked for one token)."""
+    wl = workload(arrivals=[0.0, 0.1], prompts=[100, 10], outputs=[5, 3])
+    req, _, _, _ = run_disagg(wl, prefill_blocks=4, decode_blocks=100, block_size=16)
+    assert req.loc[0, "status"] == "rejected"
+    assert req.loc[0, "reason"] == "prefill pool: prompt+first token 101 tokens > KV capacity 64"
+    assert req.loc[1, "status"] == "completed"

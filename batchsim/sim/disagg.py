@@ -211,7 +211,9 @@ class DisaggCluster(Cluster):
         if pf.status != REJECTED:
             return
         seq = self.seq.pop(pf.rid)
-        seq.status, seq.reason, seq.replica = REJECTED, pf.reason, pf.replica
+        # (the prefill pool saw a request for one token: say so, not the user's output length)
+        reason = pf.reason.replace("prompt+output", "prefill pool: prompt+first token", 1)
+        seq.status, seq.reason, seq.replica = REJECTED, reason, pf.replica
         seq.num_preemptions += pf.num_preemptions
         if self.workload.closed is not None:
             self._end(seq)
