@@ -61,3 +61,20 @@ def test_step_totals_hold_at_most_one_chunk_per_replica():
     tot = t.totals()
     assert tot["steps"] == n + 1 and tot["busy"] == 0.5 * n + 2.0 and tot["decode_tokens"] == n + 1
     assert tot["prefill_tokens"] == 3 and tot["max_end"] == n - 0.5
+
+
+def test_a_block_of_other_dtypes_sums_as_if_written_into_the_chunks():
+    """Whole chunks of a block are reduced where they lie only when that sums the same values
+    alike: float32 columns are cast into the chunk first (as before), integers of any size are not."""
+    rng = np.random.default_rng(0)
+    n = 2 * STEP_CHUNK + 5
+    start = np.cumsum(rng.random(n)).astype(np.float32)
+    end = start + rng.random(n).astype(np.float32)
+    f32 = [rng.random(n).astype(np.float32) for _ in range(7)]
+    ints = [rng.integers(0, 9, n).astype(np.int32) for _ in range(10)]
+    got, want = StepTotals(1), StepTotals(1)
+    got.extend(np.zeros(n, dtype=np.int32), start, end, *ints[:5], *f32, ints[5], ints[6], ints[7], ints[8], ints[9])
+    want.extend(np.zeros(n, dtype=np.int64), start.astype(np.float64), end.astype(np.float64),
+                *(a.astype(np.int64) for a in ints[:5]), *(a.astype(np.float64) for a in f32),
+                *(a.astype(np.int64) for a in ints[5:]))
+    assert got.totals() == want.totals()

@@ -380,3 +380,44 @@ def test_a_sink_that_fails_mid_run_stops_the_core_cleanly(monkeypatch):
     assert core.progress() is None
     monkeypatch.setattr(StepStream, "extend", extend)
     assert simulate(sc, parts).engine["engine"] == "core"
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs POSIX interval timers")
+def test_interrupts_while_the_core_runs_on_leave_nothing_running(monkeypatch):
+    """Ctrl-C twice, or a benchmark's alarm, lands anywhere in run_core (while a block is read,
+    while the core thread is waited for, while it is being stopped): the run stops with the
+    interrupt, and only once the core's call in flight returned; no thread is left running and
+    no run is reported in progress."""
+    import signal
+    import threading
+
+    class Interrupt(BaseException):
+        pass
+
+    monkeypatch.setattr(core, "_STEP_CAP", 64)
+    sc = scenario_from_dict(dict(_scenario(POLICIES["continuous"]), engine="core"))
+    parts = build_parts(sc)
+    left = [0]
+
+    def handler(signum, frame):
+        if left[0] > 0:
+            left[0] -= 1
+            raise Interrupt()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        for _ in range(12):
+            left[0] = 2
+            signal.setitimer(signal.ITIMER_REAL, 0.01, 0.002)
+            try:
+                simulate(sc, parts)
+            except Interrupt:
+                pass
+            finally:
+                left[0] = 0
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            assert core.progress() is None
+            assert not [t for t in threading.enumerate() if t.name == "batchsim-core"]
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert simulate(sc, parts).engine["engine"] == "core"

@@ -575,9 +575,11 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         lib.core_info(st, _ptr(info))
         held = int(lib.core_held(st))
     finally:
-        ahead.close()
-        _active = None
-        lib.core_free(st)
+        try:
+            ahead.close()
+        finally:
+            _active = None
+            lib.core_free(st)
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
     itl = ItlRecords.build([Times(t) for t in times],
@@ -589,8 +591,10 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
 
 
 def progress() -> dict | None:
-    """How far the core run in progress got (for a benchmark's timeout report; called between
-    the core's returns, e.g. from a signal handler), or None when no core run is in progress."""
+    """How far the core run in progress got (for a benchmark's timeout report, e.g. from a signal
+    handler), or None when no core run is in progress. The core may be running on its thread
+    meanwhile: the figures are a snapshot of counters it is updating (each read whole; together
+    they may be a step apart)."""
     if _active is None:
         return None
     lib, st, a = _active
@@ -693,19 +697,23 @@ class _Ahead:
     def __init__(self, lib, st) -> None:
         self._lib, self._st = lib, st
         self._go, self._done = threading.Semaphore(0), threading.Semaphore(0)
+        self._exited = threading.Event()  # (set by the thread once it can no longer touch the core)
         self._status = 0
         self._thread: threading.Thread | None = None
         self._stop = False
 
     def _loop(self) -> None:
-        while True:
-            self._go.acquire()
-            if self._stop:
-                return
-            try:
-                self._status = self._lib.core_run(self._st)
-            finally:
-                self._done.release()
+        try:
+            while True:
+                self._go.acquire()
+                if self._stop:
+                    return
+                try:
+                    self._status = self._lib.core_run(self._st)
+                finally:
+                    self._done.release()
+        finally:
+            self._exited.set()
 
     def start(self) -> None:
         if self._thread is None:
@@ -718,11 +726,28 @@ class _Ahead:
         return self._status
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._stop = True
-            self._go.release()
-            self._thread.join()
-            self._thread = None
+        """Stop the thread, once its call in flight has returned. An interrupt meanwhile (a
+        second Ctrl-C, a benchmark's alarm) is raised after that, never before: the core's state
+        and buffers must outlive the call using them. (Not Thread.join: an interrupted join can
+        mark a running thread stopped, bpo-45274's cleanup.)"""
+        if self._thread is None:
+            return
+        self._stop = True
+        pending, released = None, False
+        while True:
+            try:
+                if not released:
+                    self._go.release()  # (a second release, if one was cut short, is harmless)
+                    released = True
+                while not self._exited.wait(0.05):
+                    pass
+                self._thread.join()  # (it touches the core no more: only its own ending is waited for)
+                break
+            except BaseException as e:
+                pending = pending or e
+        self._thread = None
+        if pending is not None:
+            raise pending
 
 
 def _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:

@@ -37,6 +37,12 @@ _SUM_COLS = tuple(enumerate(_SUMS[1:], 2))
 _INT_COLS = tuple(enumerate(_INTS[:-1], 2 + len(_SUMS) - 1))
 
 
+def _same_sum(chunk: np.dtype, given: np.dtype) -> bool:
+    """Whether ``given`` values sum as they would once written into a ``chunk`` column: the same
+    float type, or integers of any size (numpy sums them exactly, in 64 bits)."""
+    return given == chunk or (given.kind in "iu" and chunk.kind in "iu")
+
+
 class _Chunk:
     """One replica's unfinished chunk.
 
@@ -98,9 +104,10 @@ class _Chunked:
         while done < count:
             n = buf.n
             take = min(count - done, chunk - n)
-            if take == chunk and all(isinstance(c, np.ndarray) and c.dtype.kind == a.dtype.kind
+            if take == chunk and all(isinstance(c, np.ndarray) and _same_sum(a.dtype, c.dtype)
                                      for a, c in zip(buf.arrays, columns)):
-                # (a whole chunk of the block: reduced where it is, the same values in the same order)
+                # (a whole chunk of the block: reduced where it is, the same values in the same order;
+                # floats only of the chunk's own type, integers of any: their sums are exact)
                 self._reduce_columns(replica, [c[done:done + chunk] for c in columns], chunk)
                 done += chunk
                 continue

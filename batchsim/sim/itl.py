@@ -379,6 +379,8 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
         for v, c in _ahead(pieces()):
             sq += _squares(v, c, mean)
             k = _keys(v)
+            if len(k) and (int(k.min()) < base or int(k.max()) >= base + len(hist)):
+                raise ValueError("weighted_summary: pieces() gave other values the second time")
             sel = np.flatnonzero(lut[k - base])
             for b in np.unique(k[sel]).tolist():
                 at = sel[k[sel] == b]
