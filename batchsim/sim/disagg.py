@@ -174,6 +174,7 @@ class DisaggCluster(Cluster):
         for r in replicas:
             r.handoff = self._handoff
             r.on_done = self._prefill_ended
+            r.counted = "prefill pool: prompt+first token"  # (it runs a request for one token)
         for r in self.decode:
             r.after_plan = self._admit_transfers
             r.on_done = self._end if workload.closed is not None else None
@@ -211,9 +212,7 @@ class DisaggCluster(Cluster):
         if pf.status != REJECTED:
             return
         seq = self.seq.pop(pf.rid)
-        # (the prefill pool saw a request for one token: say so, not the user's output length)
-        reason = pf.reason.replace("prompt+output", "prefill pool: prompt+first token", 1)
-        seq.status, seq.reason, seq.replica = REJECTED, reason, pf.replica
+        seq.status, seq.reason, seq.replica = REJECTED, pf.reason, pf.replica
         seq.num_preemptions += pf.num_preemptions
         if self.workload.closed is not None:
             self._end(seq)

@@ -30,12 +30,13 @@ __all__ = ["Replica", "Cluster", "PolicyError", "too_long", "over_kv", "queue_fu
 
 
 # Why the engine rejects a request (the compiled core's records give the same words: batchsim.core)
-def too_long(total: int, max_model_len: int) -> str:
-    return f"prompt+output {total} > max_model_len {max_model_len}"
+# ``what``: what the total counts (a disaggregated prefill pool runs the prompt and its first token)
+def too_long(total: int, max_model_len: int, what: str = "prompt+output") -> str:
+    return f"{what} {total} > max_model_len {max_model_len}"
 
 
-def over_kv(total: int, capacity_tokens: int) -> str:
-    return f"prompt+output {total} tokens > KV capacity {capacity_tokens}"
+def over_kv(total: int, capacity_tokens: int, what: str = "prompt+output") -> str:
+    return f"{what} {total} tokens > KV capacity {capacity_tokens}"
 
 
 def queue_full(max_queue_len: int) -> str:
@@ -75,6 +76,7 @@ class Replica:
         # been freed. batchsim.sim.disagg)
         self.handoff: Callable[[Seq], None] | None = None
         self.after_plan: Callable[["Replica"], None] | None = None
+        self.counted = "prompt+output"  # what a refusal says its total counts (too_long, over_kv)
         self.step_start = 0.0  # when the step now running (or the last one) began
         self._admissions = 0
         self._frontend = getattr(cost, "frontend", None)  # (in, in per token, out per step, out per token) s
@@ -111,9 +113,9 @@ class Replica:
         or None."""
         total = seq.prompt_tokens + seq.output_tokens
         if total > self.max_model_len:
-            return too_long(total, self.max_model_len)
+            return too_long(total, self.max_model_len, self.counted)
         if self.kv.blocks_needed(seq, total) > self.kv.total_blocks:
-            return over_kv(total, self.kv.total_blocks * self.kv.block_size)
+            return over_kv(total, self.kv.total_blocks * self.kv.block_size, self.counted)
         return None
 
     def release_kv(self, rid: int) -> None:
