@@ -536,7 +536,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     closed: list[list[np.ndarray]] = [[] for _ in range(5)]
     global _active
     _active = (lib, st, a)
-    ahead = _Ahead(lib, st)
+    ahead = _CoreThread(lib, st)
     try:
         status, cur = lib.core_run(st), 0
         while True:
@@ -689,7 +689,7 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
 _BUFFERS = ("sf", "si", "g_t", "g_run", "g_entry")  # what the core writes as it runs (core_buffers)
 
 
-class _Ahead:
+class _CoreThread:
     """``core_run`` on a thread of its own, one call at a time: :meth:`start` it, :meth:`wait` for
     its status. The core's state is touched by one thread at a time (the caller reads only the
     buffers the core was taken off), so nothing it computes depends on the thread."""

@@ -1223,10 +1223,6 @@ static void curve_from(curve_t *c, const core_curve_t *t) {
     c->lx = t->lx; c->y = t->y; c->slope = t->slope;
 }
 
-/* The run's settings, the policy's recipe and the cost model's pricing table (named structs),
- * workload arrays, per-request outputs (int64 [10][n] and double [6][n]),
- * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
- * double [R][gap_cap] token-step times, int64 [R][3][gap_cap] and double [R][gap_cap] closed runs). */
 /* Where the replicas write their step records, token-step times and closed runs from now on
  * (one block per replica, as core_new's): the caller hands over a second set while it reads
  * the first, so the run goes on as the records are read (batchsim/core/__init__.py run_core). */
@@ -1241,6 +1237,10 @@ void core_buffers(core_t *s, double *sf, int64_t *si, double *g_t, int64_t *g_ru
     }
 }
 
+/* The run's settings, the policy's recipe and the cost model's pricing table (named structs),
+ * workload arrays, per-request outputs (int64 [10][n] and double [6][n]),
+ * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
+ * double [R][gap_cap] token-step times, int64 [R][3][gap_cap] and double [R][gap_cap] closed runs). */
 core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const core_cost_t *co,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
                  int64_t *req_i, double *req_f, const int64_t *blocks,

@@ -100,12 +100,13 @@ class _Chunked:
                 return
         if waiting:
             self._settle(replica, buf)
+        # (whole chunks of the block are reduced where they are when that sums the same values)
+        in_place = all(isinstance(c, np.ndarray) and _same_sum(a.dtype, c.dtype) for a, c in zip(buf.arrays, columns))
         done = 0
         while done < count:
             n = buf.n
             take = min(count - done, chunk - n)
-            if take == chunk and all(isinstance(c, np.ndarray) and _same_sum(a.dtype, c.dtype)
-                                     for a, c in zip(buf.arrays, columns)):
+            if take == chunk and in_place:
                 # (a whole chunk of the block: reduced where it is, the same values in the same order;
                 # floats only of the chunk's own type, integers of any: their sums are exact)
                 self._reduce_columns(replica, [c[done:done + chunk] for c in columns], chunk)

@@ -71,7 +71,7 @@ class Times:
     def __init__(self, chunks: Sequence[np.ndarray]) -> None:
         self._chunks = [np.asarray(c, dtype=np.float64) for c in chunks if len(c)]
         self._ends = np.cumsum([len(c) for c in self._chunks], dtype=np.int64)
-        self._starts = (self._ends - [len(c) for c in self._chunks]).tolist()
+        self._starts = [0, *self._ends[:-1].tolist()]  # (where each chunk begins)
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
