@@ -668,8 +668,8 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     req_i = np.empty((10, max(n, 1)), dtype=np.int64)
     req_f = np.empty((6, max(n, 1)), dtype=np.float64)
     blocks = np.array(kv_blocks, dtype=np.int64)
-    sf = np.empty((reps, 9, step_cap), dtype=np.float64)
-    si = np.empty((reps, 11, step_cap), dtype=np.int64)
+    sf = np.empty((reps, step_cap, 9), dtype=np.float64)  # (a step's record in one place: _flush reads columns)
+    si = np.empty((reps, step_cap, 11), dtype=np.int64)
     g_t = np.empty((reps, gap_cap), dtype=np.float64)
     g_run = np.empty((reps, 3, gap_cap), dtype=np.int64)
     g_entry = np.empty((reps, gap_cap), dtype=np.float64)
@@ -754,7 +754,7 @@ def _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> Non
     for i in range(reps):
         k = int(info[_rep_info(i)])
         if k:
-            f, s = sf[i], si[i]
+            f, s = sf[i].T, si[i].T  # (field, step)
             steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
                          f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)

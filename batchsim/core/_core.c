@@ -172,6 +172,8 @@ typedef struct {
     double v[7];
 } dense_t;
 
+#define DENSE_RECENT 64  /* (a power of two) */
+
 typedef struct {
     /* queue of waiting rids: a ring buffer */
     int64_t *wq;
@@ -212,8 +214,8 @@ typedef struct {
     double c_seconds, c_flops, c_bytes, c_comp, c_mem, c_net, c_over;
     int64_t c_oor;
     /* record buffers (owned by Python) */
-    double *sf;   /* [NSTEP_F][step_cap] */
-    int64_t *si;  /* [NSTEP_I][step_cap] */
+    double *sf;   /* [step_cap][NSTEP_F]: a step's record in one place (one stream to write, not 20) */
+    int64_t *si;  /* [step_cap][NSTEP_I] */
     int64_t nsteps;
     double *g_t;       /* [gap_cap] delivery times of token steps (batchsim/sim/itl.py) */
     int64_t *g_run;    /* [3][gap_cap] closed runs: rid, start, end */
@@ -246,6 +248,8 @@ typedef struct {
     double b_w, b_kv, launch, link_lat, link_bw;
     /* dense totals by (tokens, sampled) */
     dense_t *dense;
+    int mem_seg[2];  /* the prefill and decode attention memory curves' last segments (curve_eval) */
+    dense_t dense_recent[DENSE_RECENT];  /* copies of entries priced lately (key -1: none) */
     int64_t dense_cap, dense_n;
     /* workload */
     const double *arrival;
@@ -264,6 +268,8 @@ typedef struct {
     /* events */
     event_t *heap;
     int64_t nheap, heapcap, eid;
+    event_t front;  /* (has_front: the next event, before every one in the heap) */
+    int has_front;
     int nomem;  /* an allocation failed (the run stops with CORE_ERR_NOMEM) */
     double now;
     int64_t next_rid;  /* arrivals delivered so far */
@@ -275,20 +281,24 @@ typedef struct {
 } core_t;
 
 /* ---------------------------------------------------------------- curves --- */
-static double curve_eval(const curve_t *c, double size) {
-    /* batchsim.calibrate.curves.Curve.__call__ */
+static double curve_eval(const curve_t *c, double size, int *hint) {
+    /* batchsim.calibrate.curves.Curve.__call__ (hint: where the segment was found last time, or NULL) */
     if (size <= c->lo) return c->ylo;
     if (size >= c->hi) return c->yhi;
     double lx = log(size);
-    /* bisect_right(lx, x) - 1 */
-    int lo = 0, hi = c->n;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (lx < c->lx[mid]) hi = mid; else lo = mid + 1;
+    int i = hint ? *hint : -1;
+    if (!(i >= 0 && i <= c->n - 2 && c->lx[i] <= lx && lx < c->lx[i + 1])) {
+        /* bisect_right(lx, x) - 1 */
+        int lo = 0, hi = c->n;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (lx < c->lx[mid]) hi = mid; else lo = mid + 1;
+        }
+        i = lo - 1;
+        if (i < 0) i = 0;
+        if (i > c->n - 2) i = c->n - 2;
+        if (hint) *hint = i;
     }
-    int i = lo - 1;
-    if (i < 0) i = 0;
-    if (i > c->n - 2) i = c->n - 2;
     return exp(c->y[i] + (lx - c->lx[i]) * c->slope[i]);
 }
 
@@ -297,11 +307,11 @@ static double curve_tokens(const curve_t *c, int64_t tokens) {
     if (tokens >= 0 && tokens < MEMO_N) {
         double v = c->memo[tokens];
         if (v == v) return v;
-        v = curve_eval(c, (double)tokens);
+        v = curve_eval(c, (double)tokens, NULL);
         c->memo[tokens] = v;
         return v;
     }
-    return curve_eval(c, (double)tokens);
+    return curve_eval(c, (double)tokens, NULL);
 }
 
 
@@ -342,9 +352,7 @@ static int heap_less(const event_t *a, const event_t *b) {
     return a->eid < b->eid;
 }
 
-static void schedule_gen(core_t *s, double t, int prio, int kind, int rep, int64_t gen) {
-    /* simpy.Environment.schedule: heappush((now + delay, priority, eid, event)) */
-    event_t e = {t, prio, s->eid++, kind, rep, gen};
+static void heap_push(core_t *s, event_t e) {
     if (s->nheap == s->heapcap) {  /* (deadline timeouts of earlier idle spells wait in the heap too) */
         event_t *h = (event_t *)realloc(s->heap, sizeof(event_t) * s->heapcap * 2);
         if (!h) {
@@ -364,11 +372,41 @@ static void schedule_gen(core_t *s, double t, int prio, int kind, int rep, int64
     }
 }
 
+/* The events in order: the heap, and in front of it (has_front) an event before every event in
+ * the heap. A step that ends before anything else is scheduled goes there and is the next one
+ * popped, as from the heap (heap_less is a total order: eids are unique), without the heap's
+ * push and pop on each step. */
+static void schedule_gen(core_t *s, double t, int prio, int kind, int rep, int64_t gen) {
+    /* simpy.Environment.schedule: heappush((now + delay, priority, eid, event)) */
+    event_t e = {t, prio, s->eid++, kind, rep, gen};
+    if (!s->has_front) {
+        if (s->nheap == 0 || heap_less(&e, &s->heap[0])) {
+            s->front = e;
+            s->has_front = 1;
+        } else {
+            heap_push(s, e);
+        }
+    } else if (heap_less(&e, &s->front)) {
+        heap_push(s, s->front);
+        s->front = e;
+    } else {
+        heap_push(s, e);
+    }
+}
+
 static void schedule(core_t *s, double t, int prio, int kind, int rep) {
     schedule_gen(s, t, prio, kind, rep, 0);
 }
 
+static int64_t n_events(const core_t *s) { return s->nheap + s->has_front; }
+
+static const event_t *next_event(const core_t *s) { return s->has_front ? &s->front : &s->heap[0]; }
+
 static event_t heap_pop(core_t *s) {
+    if (s->has_front) {
+        s->has_front = 0;
+        return s->front;
+    }
     event_t top = s->heap[0];
     s->heap[0] = s->heap[--s->nheap];
     int64_t i = 0, n = s->nheap;
@@ -819,8 +857,8 @@ typedef struct {
 /* RooflineCostModel._roofline + _fold of one Work item onto the totals. */
 static void fold(const core_t *s, const op_t *o, double flops, double nbytes, double tokens, double *t) {
     double per = nbytes / (double)o->kernels;
-    double tc = flops != 0.0 ? flops / (o->peak * curve_eval(&o->comp, tokens)) : 0.0;
-    double tm = nbytes != 0.0 ? nbytes / (s->bw * curve_eval(&o->mem, per)) : 0.0;
+    double tc = flops != 0.0 ? flops / (o->peak * curve_eval(&o->comp, tokens, NULL)) : 0.0;
+    double tm = nbytes != 0.0 ? nbytes / (s->bw * curve_eval(&o->mem, per, NULL)) : 0.0;
     if (tc >= tm) t[0] += tc; else t[1] += tm;
     t[2] += (double)o->kernels * s->launch;
     t[3] += flops;
@@ -885,23 +923,29 @@ static void dense_compute(const core_t *s, int64_t tokens, int64_t sampled, doub
 
 static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
     /* RooflineCostModel.price -> _price_fast, operation for operation */
-    int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec;
-    dense_t *d = dense_find(s, dense_key(T, m->sampled));
-    if (d->key == -1) {
-        if (!s->dense_in_c) {
-            s->need_T = T;
-            s->need_s = m->sampled;
-            return CORE_NEED_DENSE;
+    int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec, key = dense_key(T, m->sampled);
+    /* (an entry never changes once made: a recent copy of it is as good) */
+    dense_t *recent = &s->dense_recent[(uint64_t)(T * 7 + m->sampled) & (DENSE_RECENT - 1)], *d = recent;
+    if (recent->key != key) {
+        d = dense_find(s, key);
+        if (d->key == -1) {
+            if (!s->dense_in_c) {
+                s->need_T = T;
+                s->need_s = m->sampled;
+                return CORE_NEED_DENSE;
+            }
+            double v[7];
+            dense_compute(s, T, m->sampled, v);
+            if (2 * (s->dense_n + 1) > s->dense_cap) {
+                if (dense_grow(s)) return CORE_ERR_NOMEM;
+            }
+            d = dense_find(s, key);
+            d->key = key;
+            memcpy(d->v, v, sizeof(v));
+            s->dense_n++;
         }
-        double v[7];
-        dense_compute(s, T, m->sampled, v);
-        if (2 * (s->dense_n + 1) > s->dense_cap) {
-            if (dense_grow(s)) return CORE_ERR_NOMEM;
-        }
-        d = dense_find(s, dense_key(T, m->sampled));
-        d->key = dense_key(T, m->sampled);
-        memcpy(d->v, v, sizeof(v));
-        s->dense_n++;
+        *recent = *d;
+        d = recent;
     }
     double pairs, pre_kv;
     if (T == n && m->qq == n) {  /* every row one token */
@@ -935,7 +979,7 @@ static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
         if (flops_only) continue;
         double per = wb / L;
         double tc = wf != 0.0 ? wf / (s->peak * curve_tokens(cc, tokens)) : 0.0;
-        double tm = wb != 0.0 ? wb / (s->bw * curve_eval(mc, per)) : 0.0;
+        double tm = wb != 0.0 ? wb / (s->bw * curve_eval(mc, per, &s->mem_seg[k])) : 0.0;
         if (tc >= tm) comp += tc; else mem += tm;
         over += s->l_launch;
         nbytes += wb;
@@ -1052,29 +1096,29 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
         r->nrun = k;
         r->outstanding -= ndone;
     }
-    int64_t i = r->nsteps++, cap = s->step_cap;
-    double *f = r->sf;
-    int64_t *n = r->si;
-    f[0 * cap + i] = r->start;
-    f[1 * cap + i] = end;
-    f[2 * cap + i] = r->c_flops;
-    f[3 * cap + i] = r->c_useful;
-    f[4 * cap + i] = r->c_bytes;
-    f[5 * cap + i] = r->c_comp;
-    f[6 * cap + i] = r->c_mem;
-    f[7 * cap + i] = r->c_net;
-    f[8 * cap + i] = r->c_over;
-    n[0 * cap + i] = ri;
-    n[1 * cap + i] = r->nrows;
-    n[2 * cap + i] = r->nrows + r->npad;
-    n[3 * cap + i] = r->use.T - r->rec_decode;
-    n[4 * cap + i] = r->rec_decode;
-    n[5 * cap + i] = r->bill.T - r->use.T;
-    n[6 * cap + i] = r->c_oor;
-    n[7 * cap + i] = r->used;
-    n[8 * cap + i] = r->wlen;
-    n[9 * cap + i] = r->nrun;
-    n[10 * cap + i] = r->npre;
+    int64_t i = r->nsteps++;
+    double *f = r->sf + i * NSTEP_F;
+    int64_t *n = r->si + i * NSTEP_I;
+    f[0] = r->start;
+    f[1] = end;
+    f[2] = r->c_flops;
+    f[3] = r->c_useful;
+    f[4] = r->c_bytes;
+    f[5] = r->c_comp;
+    f[6] = r->c_mem;
+    f[7] = r->c_net;
+    f[8] = r->c_over;
+    n[0] = ri;
+    n[1] = r->nrows;
+    n[2] = r->nrows + r->npad;
+    n[3] = r->use.T - r->rec_decode;
+    n[4] = r->rec_decode;
+    n[5] = r->bill.T - r->use.T;
+    n[6] = r->c_oor;
+    n[7] = r->used;
+    n[8] = r->wlen;
+    n[9] = r->nrun;
+    n[10] = r->npre;
     s->steps_total++;
 }
 
@@ -1239,7 +1283,7 @@ void core_buffers(core_t *s, double *sf, int64_t *si, double *g_t, int64_t *g_ru
 
 /* The run's settings, the policy's recipe and the cost model's pricing table (named structs),
  * workload arrays, per-request outputs (int64 [10][n] and double [6][n]),
- * record buffers per replica (double [R][NSTEP_F][step_cap], int64 [R][NSTEP_I][step_cap],
+ * record buffers per replica (double [R][step_cap][NSTEP_F], int64 [R][step_cap][NSTEP_I],
  * double [R][gap_cap] token-step times, int64 [R][3][gap_cap] and double [R][gap_cap] closed runs). */
 core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const core_cost_t *co,
                  const double *arrival, const int64_t *prompt, const int64_t *output,
@@ -1319,6 +1363,7 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
         return NULL;
     }
     for (int64_t i = 0; i < s->dense_cap; i++) s->dense[i].key = -1;
+    for (int i = 0; i < DENSE_RECENT; i++) s->dense_recent[i].key = -1;
     for (int64_t i = 0; i < n; i++) {
         s->num_tokens[i] = prompt[i];
         s->order[i] = -1;
@@ -1730,13 +1775,13 @@ int core_run(core_t *s) {
         st = replica_loop(s, ri);
         if (st) return st;
     }
-    while (s->nheap) {
+    while (n_events(s)) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
             if (r->nsteps + 1 > s->step_cap || r->nt + 1 > s->gap_cap
                 || r->nclosed + s->max_rows > s->gap_cap) return CORE_FLUSH;
         }
-        if (s->has_horizon && !(s->heap[0].t < s->horizon)) break;
+        if (s->has_horizon && !(next_event(s)->t < s->horizon)) break;
         event_t e = heap_pop(s);
         s->now = e.t;
         if (e.kind == EV_ARRIVAL || e.kind == EV_STEP || e.kind == EV_IDLE_TIMEOUT)
