@@ -15,7 +15,7 @@ import pytest
 
 from batchsim.sim import aggregate
 from batchsim.sim.aggregate import StepTotals
-from batchsim.sim.records import STEP_FIELDS, Columns, FrameSteps, StepStream
+from batchsim.sim.records import STEP_FIELDS, AutoSteps, Columns, FrameSteps, StepStream, TimelineSteps
 
 _DTYPES = [dt for _, dt in STEP_FIELDS]
 
@@ -168,3 +168,66 @@ def test_step_stream_hands_on_the_rows_sorted_by_end_then_replica(seed, chunk, m
     for j, (name, dt) in enumerate(STEP_FIELDS):
         assert got[name].to_numpy().tolist() == want[j][order].astype(dt).tolist(), name
     assert totals.totals()["steps"] == len(order)
+
+
+def test_columns_drop_front_keeps_the_rest_in_order():
+    """drop_front moves the rows after the first k to the front of the same arrays, waiting
+    (appended) rows included, and later rows go after them."""
+    cols = Columns(STEP_FIELDS[:3], capacity=8)
+    for i in range(5):
+        cols.append(0, float(i), float(i) + 0.5)
+    cols.extend(np.zeros(3, dtype=np.int32), np.arange(5.0, 8.0), np.arange(5.0, 8.0) + 0.5)
+    cols.drop_front(6)
+    cols.append(0, 8.0, 8.5)
+    assert cols.column("start").tolist() == [6.0, 7.0, 8.0] and len(cols) == 3
+    cols.drop_front(3)
+    assert len(cols) == 0 and cols.column("end").tolist() == []
+
+
+class _Inner:
+    def __init__(self) -> None:
+        self.chunks: list = []
+
+    def write(self, chunk) -> None:
+        self.chunks.append({f: np.array(a) for f, a in chunk.items()})
+
+    def close(self, columns) -> None:
+        pass
+
+
+class _KeepingTimeline(TimelineSteps):
+    keeps_chunks = True  # (the stream then gives it fresh arrays for every chunk, as before reuse)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_step_stream_reuses_its_buffer_only_for_sinks_that_copy(seed, monkeypatch):
+    """One replica's blocks through a timeline sink, which copies what it holds: the stream writes
+    the next rows into the same arrays (no new memory per chunk), and the timeline is the one a
+    sink given fresh arrays every time writes. A sink that may keep views (FrameSteps, AutoSteps
+    while it holds rows) never gets reused arrays."""
+    monkeypatch.setattr(StepStream, "CHUNK", 40)
+    out = []
+    for cls in (TimelineSteps, _KeepingTimeline):
+        rng = np.random.default_rng(seed)
+        inner = _Inner()
+        stream = StepStream(StepTotals(1), cls(inner, 2.0))
+        now = 0.0
+        for _ in range(60):
+            k = int(rng.integers(1, 30))
+            end = now + np.cumsum(rng.choice([0.0, 0.25, 1.0], size=k))
+            cols = [np.zeros(k, dtype=np.int32), end - 0.1, end] + [
+                rng.integers(0, 9, k) for _ in STEP_FIELDS[3:]]
+            stream.extend(*cols)
+            now = float(end[-1])
+            stream.settle(now)
+        stream.close()
+        out.append(inner.chunks)
+    assert [sorted(c) for c in out[0]] == [sorted(c) for c in out[1]]
+    for a, b in zip(*out):
+        for f in a:
+            assert a[f].tolist() == b[f].tolist(), f
+    assert getattr(FrameSteps(), "keeps_chunks", True)
+    auto = AutoSteps(FrameSteps, lambda: TimelineSteps(_Inner(), 1.0), limit=10)
+    assert auto.keeps_chunks
+    auto._decide("timeline")
+    assert not auto.keeps_chunks

@@ -276,6 +276,8 @@ def library() -> ctypes.CDLL | None:
     lib.core_flushed.argtypes = [vp]
     lib.core_buffers.restype = None
     lib.core_buffers.argtypes = [vp] * 6
+    lib.core_columns.restype = None
+    lib.core_columns.argtypes = [vp, vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
     lib.core_free.restype = None
     lib.core_free.argtypes = [vp]
     _lib = lib
@@ -532,6 +534,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     reps = len(kv_blocks)
     info, dense, req_i, req_f = (a[k] for k in ("info", "dense", "req_i", "req_f"))
     sets = [tuple(a[k] for k in _BUFFERS), tuple(np.empty_like(a[k]) for k in _BUFFERS)]
+    cols = (np.empty(a["sf"].shape[:0:-1]), np.empty(a["si"].shape[:0:-1], dtype=np.int64))  # (field, step)
     times: list[list[np.ndarray]] = [[] for _ in range(reps)]
     closed: list[list[np.ndarray]] = [[] for _ in range(5)]
     global _active
@@ -564,7 +567,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                 lib.core_flushed(st)
                 ahead.start()
             try:
-                _flush(counts, reps, *full, steps, times, closed)
+                _flush(lib, cols, counts, reps, *full, steps, times, closed)
                 if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
                     steps.settle(float(counts[0]))
             finally:
@@ -750,11 +753,15 @@ class _CoreThread:
             raise pending
 
 
-def _flush(info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:
+def _flush(lib, cols, info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:
+    cf, ci = cols
     for i in range(reps):
         k = int(info[_rep_info(i)])
         if k:
-            f, s = sf[i].T, si[i].T  # (field, step)
+            # (the core writes a step's record in one place; its fields are read as columns)
+            lib.core_columns(_ptr(sf[i]), _ptr(cf), k, cf.shape[0], cf.shape[1])
+            lib.core_columns(_ptr(si[i]), _ptr(ci), k, ci.shape[0], ci.shape[1])
+            f, s = cf, ci
             steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
                          f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)

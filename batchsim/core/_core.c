@@ -1861,3 +1861,17 @@ void core_flushed(core_t *s) {
         s->reps[i].nclosed = 0;
     }
 }
+
+/* A block of step records as columns: dst[c * dst_stride + r] = src[r * cols + c] for r < rows
+ * (8-byte values: the doubles of sf or the int64s of si), a few rows at a time so that reads and
+ * writes both stay in cache. Python reads the columns (batchsim/core/__init__.py _flush). */
+void core_columns(const int64_t *src, int64_t *dst, int64_t rows, int64_t cols, int64_t dst_stride) {
+    enum { BLOCK = 64 };
+    for (int64_t r0 = 0; r0 < rows; r0 += BLOCK) {
+        int64_t r1 = r0 + BLOCK < rows ? r0 + BLOCK : rows;
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t *to = dst + c * dst_stride;
+            for (int64_t r = r0; r < r1; r++) to[r] = src[r * cols + c];
+        }
+    }
+}

@@ -111,6 +111,16 @@ class Columns:
         else:
             self._n = n + k
 
+    def drop_front(self, k: int) -> None:
+        """Forget the first ``k`` rows: the rest move to the front of the same arrays (which
+        are reused, so a view of them handed out earlier sees its values change)."""
+        self._settle()
+        m = self._n - k
+        if m:
+            for a in self._arrays:
+                a[:m] = a[k:k + m]  # (numpy copies overlapping ranges as if through a buffer)
+        self._n = m
+
     def column(self, name: str) -> np.ndarray:
         self._settle()
         for (f, _), a in zip(self.fields, self._arrays):
@@ -204,6 +214,8 @@ class TimelineSteps:
     mean batch size. Rows go to ``inner`` (``write(chunk)``, ``close(columns)``) in (t, replica)
     order; memory holds one chunk."""
 
+    keeps_chunks = False  # (write copies what it holds on to: a chunk's arrays may be reused after it)
+
     def __init__(self, inner, bin_s: float) -> None:
         if not (bin_s > 0 and math.isfinite(bin_s)):
             raise ValueError(f"bin_s must be a positive number of seconds, got {bin_s!r}")
@@ -276,6 +288,11 @@ class AutoSteps:
         self.limit, self.mode, self.sink = int(limit), None, None
         self._held: list[dict[str, np.ndarray]] = []
         self._n = 0
+
+    @property
+    def keeps_chunks(self) -> bool:
+        """Whether a chunk's arrays must stay as they are after write (held until decided)."""
+        return self.sink is None or getattr(self.sink, "keeps_chunks", True)
 
     def _decide(self, mode: str) -> None:
         self.mode, self.sink = mode, self._make[mode]()
@@ -350,6 +367,9 @@ class StepStream:
             # (already in the canonical order, as one replica's rows always are: hand on views)
             rest = {f: a[k:] for f, a in cols.items()}
             self.sink.write({f: a[:k] for f, a in cols.items()})
+            if not getattr(self.sink, "keeps_chunks", True):
+                buf.drop_front(k)  # (the same arrays again: no new memory to fault in per chunk)
+                return
         else:
             left = np.flatnonzero(~ready)
             rest = {f: a[left] for f, a in cols.items()}
