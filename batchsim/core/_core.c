@@ -330,6 +330,11 @@ static dense_t *dense_find(core_t *s, int64_t key) {
     }
 }
 
+/* Where dense_recent keeps a copy of the entry for (T, sampled). */
+static dense_t *dense_slot(core_t *s, int64_t T, int64_t sampled) {
+    return &s->dense_recent[(uint64_t)(T * 7 + sampled) & (DENSE_RECENT - 1)];
+}
+
 static int dense_grow(core_t *s) {
     int64_t old_cap = s->dense_cap;
     dense_t *old = s->dense;
@@ -925,7 +930,7 @@ static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
     /* RooflineCostModel.price -> _price_fast, operation for operation */
     int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec, key = dense_key(T, m->sampled);
     /* (an entry never changes once made: a recent copy of it is as good) */
-    dense_t *recent = &s->dense_recent[(uint64_t)(T * 7 + m->sampled) & (DENSE_RECENT - 1)], *d = recent;
+    dense_t *recent = dense_slot(s, T, m->sampled), *d = recent;
     if (recent->key != key) {
         d = dense_find(s, key);
         if (d->key == -1) {
@@ -1763,6 +1768,8 @@ int core_put_dense(core_t *s, int64_t T, int64_t sampled, const double *v) {
     if (d->key == -1) s->dense_n++;
     d->key = dense_key(T, sampled);
     memcpy(d->v, v, sizeof(double) * 7);
+    dense_t *recent = dense_slot(s, T, sampled);
+    if (recent->key == d->key) *recent = *d;  /* (a copy made before is not left stale) */
     return 0;
 }
 
