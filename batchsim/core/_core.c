@@ -337,10 +337,10 @@ static dense_t *dense_slot(core_t *s, int64_t T, int64_t sampled) {
 
 static int dense_grow(core_t *s) {
     int64_t old_cap = s->dense_cap;
-    dense_t *old = s->dense;
+    dense_t *old = s->dense, *grown = (dense_t *)malloc(sizeof(dense_t) * old_cap * 2);
+    if (!grown) return -1;  /* (the table stays as it was, freed with the state) */
+    s->dense = grown;
     s->dense_cap = old_cap * 2;
-    s->dense = (dense_t *)malloc(sizeof(dense_t) * s->dense_cap);
-    if (!s->dense) return -1;
     for (int64_t i = 0; i < s->dense_cap; i++) s->dense[i].key = -1;
     for (int64_t i = 0; i < old_cap; i++)
         if (old[i].key != -1) *dense_find(s, old[i].key) = old[i];
