@@ -754,14 +754,13 @@ class _CoreThread:
 
 
 def _flush(lib, cols, info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:
-    cf, ci = cols
+    f, s = cols  # (field, step)
     for i in range(reps):
         k = int(info[_rep_info(i)])
         if k:
             # (the core writes a step's record in one place; its fields are read as columns)
-            lib.core_columns(_ptr(sf[i]), _ptr(cf), k, cf.shape[0], cf.shape[1])
-            lib.core_columns(_ptr(si[i]), _ptr(ci), k, ci.shape[0], ci.shape[1])
-            f, s = cf, ci
+            lib.core_columns(_ptr(sf[i]), _ptr(f), k, *f.shape)
+            lib.core_columns(_ptr(si[i]), _ptr(s), k, *s.shape)
             steps.extend(s[0, :k], f[0, :k], f[1, :k], s[1, :k], s[2, :k], s[3, :k], s[4, :k], s[5, :k],
                          f[2, :k], f[3, :k], f[4, :k], f[5, :k], f[6, :k], f[7, :k], f[8, :k], s[6, :k],
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)

@@ -365,11 +365,11 @@ class StepStream:
         k = int(ready.sum())
         if ready[:k].all() and _in_order(end[:k], rep[:k]):
             # (already in the canonical order, as one replica's rows always are: hand on views)
-            rest = {f: a[k:] for f, a in cols.items()}
             self.sink.write({f: a[:k] for f, a in cols.items()})
             if not getattr(self.sink, "keeps_chunks", True):
                 buf.drop_front(k)  # (the same arrays again: no new memory to fault in per chunk)
                 return
+            rest = {f: a[k:] for f, a in cols.items()}
         else:
             left = np.flatnonzero(~ready)
             rest = {f: a[left] for f, a in cols.items()}
