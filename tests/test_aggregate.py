@@ -78,3 +78,23 @@ def test_a_block_of_other_dtypes_sums_as_if_written_into_the_chunks():
                 *(a.astype(np.int64) for a in ints[:5]), *(a.astype(np.float64) for a in f32),
                 *(a.astype(np.int64) for a in ints[5:]))
     assert got.totals() == want.totals()
+
+
+def test_many_whole_chunks_of_a_block_sum_as_rows_written_one_at_a_time():
+    """A block spanning several whole chunks is reduced a chunk per row of one view; its float
+    totals equal those of the same rows appended one by one (each chunk then reduced alone),
+    bit for bit, wherever the block starts in a chunk."""
+    rng = np.random.default_rng(3)
+    for lead in (0, 1, STEP_CHUNK - 1):
+        n = lead + 5 * STEP_CHUNK + 7
+        start = np.cumsum(rng.lognormal(size=n))
+        end = start + rng.lognormal(-3, 2, n)
+        fl = [rng.lognormal(0, 3, n) * 1e9 for _ in range(7)]
+        ints = [rng.integers(0, 1 << 20, n) for _ in range(10)]
+        cols = [np.zeros(n, dtype=np.int64), start, end, *ints[:5], *fl, *ints[5:]]
+        block, rows = StepTotals(1), StepTotals(1)
+        block.extend(*(c[:lead] for c in cols), count=lead)
+        block.extend(*(c[lead:] for c in cols), count=n - lead)
+        for r in zip(*(c.tolist() for c in cols)):
+            rows.append(*r)
+        assert block.totals() == rows.totals()

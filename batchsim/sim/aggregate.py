@@ -107,10 +107,11 @@ class _Chunked:
             n = buf.n
             take = min(count - done, chunk - n)
             if take == chunk and in_place:
-                # (a whole chunk of the block: reduced where it is, the same values in the same order;
+                # (whole chunks of the block: reduced where they are, the same values in the same order;
                 # floats only of the chunk's own type, integers of any: their sums are exact)
-                self._reduce_columns(replica, [c[done:done + chunk] for c in columns], chunk)
-                done += chunk
+                m = (count - done) // chunk
+                self._reduce_chunks(replica, [c[done:done + m * chunk] for c in columns], m)
+                done += m * chunk
                 continue
             for a, c in zip(buf.arrays, columns):
                 a[n:n + take] = c[done:done + take] if isinstance(c, np.ndarray) else c
@@ -161,6 +162,12 @@ class _Chunked:
         """Reduce one chunk: ``n`` rows, one array per column."""
         raise NotImplementedError
 
+    def _reduce_chunks(self, replica: int, cols: list, m: int) -> None:
+        """Reduce ``m`` whole chunks in a row (arrays of ``m`` chunks' rows), as one at a time would."""
+        chunk = self._chunk
+        for j in range(m):
+            self._reduce_columns(replica, [c[j * chunk:(j + 1) * chunk] for c in cols], chunk)
+
 
 class StepTotals(_Chunked):
     """Running sums of the step records (what batchsim.sim.records.StepStream feeds: append, extend)."""
@@ -206,6 +213,25 @@ class StepTotals(_Chunked):
         for j, name in _INT_COLS:
             i[name] += int(cols[j].sum())
         i["steps"] += n
+        self.max_end = max(self.max_end, float(end.max()))
+
+    def _reduce_chunks(self, replica: int, cols: list, m: int) -> None:
+        # (each chunk's float sums as _reduce_columns takes them, a row of an (m, chunk) view each,
+        # added in chunk order; integer sums are exact in any grouping)
+        if m == 1:
+            self._reduce_columns(replica, cols, self._chunk)
+            return
+        end = cols[_END]
+        f, i = self._f[replica], self._i[replica]
+        shape = (m, self._chunk)
+        for name, a in (("busy", end - cols[_START]), *((name, cols[j]) for j, name in _SUM_COLS)):
+            total = f[name]
+            for v in a.reshape(shape).sum(axis=1).tolist():
+                total += v
+            f[name] = total
+        for j, name in _INT_COLS:
+            i[name] += int(cols[j].sum())
+        i["steps"] += m * self._chunk
         self.max_end = max(self.max_end, float(end.max()))
 
     def totals(self, replicas: range | None = None) -> dict:

@@ -158,6 +158,8 @@ def _in_order(end: np.ndarray, rep: np.ndarray) -> bool:
     """Are these rows in the canonical order, by end time then replica?"""
     if len(end) < 2:
         return True
+    if (end[1:] > end[:-1]).all():  # (each row ends later than the last: the replicas do not matter)
+        return True
     de, dr = np.diff(end), np.diff(rep.astype(np.int64))
     return bool(((de > 0) | ((de == 0) & (dr >= 0))).all())
 
@@ -205,6 +207,12 @@ TIMELINE_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _bins(end: np.ndarray, bin_s: float) -> np.ndarray:
+    """The timeline bin each step ends in: ``floor(end / bin_s)``, as integers."""
+    x = end / bin_s
+    return np.floor(x, out=x).astype(np.int64)
+
+
 class TimelineSteps:
     """A :class:`StepStream` sink that writes a timeline instead of a row per step: one row per
     replica per ``bin_s`` seconds in which it ended a step (``t``, the bin's start), each step
@@ -231,7 +239,7 @@ class TimelineSteps:
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         if not len(chunk["end"]):
             return
-        b = np.floor(chunk["end"] / self.bin_s).astype(np.int64)  # (rows come by end time: b never falls)
+        b = _bins(chunk["end"], self.bin_s)  # (rows come by end time: b never falls)
         held = self._held
         if held is not None:  # (the bin the last chunk ended in may go on in this one)
             hb = int(np.floor(held["end"][0] / self.bin_s))
@@ -249,16 +257,20 @@ class TimelineSteps:
             self._emit({f: a[:split] for f, a in chunk.items()}, b[:split])
 
     def _emit(self, rows: dict[str, np.ndarray], b: np.ndarray) -> None:
-        rep = rows["replica"].astype(np.int64)
-        if len(rep) and (rep == rep[0]).all():  # (one replica's rows: already by bin)
+        r = rows["replica"]
+        if len(r) and (r == r[0]).all():  # (one replica's rows: already by bin)
             order = slice(None)
+            at = np.flatnonzero(np.concatenate(([True], b[1:] != b[:-1])))
+            replica = np.full(len(at), r[0], dtype=np.int32)
         else:
+            rep = r.astype(np.int64)
             order = np.lexsort((rep, b))
             b, rep = b[order], rep[order]
-        new = np.ones(len(b), dtype=bool)
-        new[1:] = (b[1:] != b[:-1]) | (rep[1:] != rep[:-1])
-        at = np.flatnonzero(new)
-        out = {"replica": rep[at].astype(np.int32), "t": b[at] * self.bin_s}
+            new = np.ones(len(b), dtype=bool)
+            new[1:] = (b[1:] != b[:-1]) | (rep[1:] != rep[:-1])
+            at = np.flatnonzero(new)
+            replica = rep[at].astype(np.int32)
+        out = {"replica": replica, "t": b[at] * self.bin_s}
         for name, dt, how in TIMELINE_FIELDS:
             if how == "count":
                 out[name] = np.diff(np.append(at, len(b))).astype(dt)
@@ -272,7 +284,7 @@ class TimelineSteps:
 
     def close(self) -> None:
         if self._held is not None and len(self._held["end"]):
-            self._emit(self._held, np.floor(self._held["end"] / self.bin_s).astype(np.int64))
+            self._emit(self._held, _bins(self._held["end"], self.bin_s))
         self._held = None
         self.inner.close(self.columns())
 
