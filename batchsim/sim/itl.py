@@ -176,13 +176,18 @@ class ItlRecords:
                 hi = min(lo + _PIECE, len(t))
                 a0, a1 = np.searchsorted(a, (lo, hi))
                 b0, b1 = np.searchsorted(b, (lo, hi))
-                d = (np.bincount(a[a0:a1] - lo, minlength=hi - lo)
-                     - np.bincount(b[b0:b1] - lo, minlength=hi - lo))
-                w = np.cumsum(d) + (int(a0) - int(b0))
-                keep = np.flatnonzero(w > 0)
-                if len(keep) == len(w):  # (every step gap of the piece covered, as in a busy replica)
+                # (the runs that begin and end in the piece, as +1 and -1 where they do: few, each
+                # added where it falls, into one array then summed up in place)
+                w = np.zeros(hi - lo, dtype=np.int64)
+                np.add.at(w, a[a0:a1] - lo, 1)
+                np.subtract.at(w, b[b0:b1] - lo, 1)
+                np.cumsum(w, out=w)
+                w += int(a0) - int(b0)
+                if w.min() > 0:  # (every step gap of the piece covered, as in a busy replica)
                     yield np.diff(t[lo - 1:hi]), w
-                elif len(keep):
+                    continue
+                keep = np.flatnonzero(w > 0)
+                if len(keep):
                     span = t[lo - 1:hi]
                     yield span[1:][keep] - span[:-1][keep], w[keep]
         e = self.entry[~np.isnan(self.entry)]
@@ -255,7 +260,9 @@ def _keys(v: np.ndarray) -> np.ndarray:
     """A bucket per value, in value order for values >= 0 (-0.0 too): the float's exponent and
     leading mantissa bits, values below 1e-12 in one bucket (so the histogram spans only the
     exponents the values have)."""
-    return np.maximum((v.view(np.uint64) & _SIGN) >> _KEY_SHIFT, np.uint64(_KEY_FLOOR)).astype(np.int64)
+    k = v.view(np.uint64) & _SIGN
+    k >>= _KEY_SHIFT
+    return np.maximum(k, np.uint64(_KEY_FLOOR), out=k).view(np.int64)  # (keys < 2^28: the same as integers)
 
 
 def _add_hist(hist: np.ndarray, base: int, k: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, int]:
@@ -339,7 +346,7 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     for v, c in _ahead(pieces()):
         if not len(v):
             continue
-        if (v < 0).any():
+        if v.min() < 0:
             raise ValueError("weighted_summary needs values >= 0")
         n += int(c.sum())
         total += float(_sum(v * c))
@@ -394,7 +401,10 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
 
 def _squares(v: np.ndarray, c: np.ndarray, mean: float) -> float:
     """The weighted sum of squared deviations of one piece."""
-    return float(_sum((v - mean) ** 2 * c))
+    d = v - mean
+    np.multiply(d, d, out=d)  # (what ** 2 computes)
+    np.multiply(d, c, out=d)
+    return float(_sum(d))
 
 
 def _at_ranks(pieces: list, ranks) -> dict[int, float]:
