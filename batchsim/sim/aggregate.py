@@ -110,7 +110,7 @@ class _Chunked:
                 # (whole chunks of the block: reduced where they are, the same values in the same order;
                 # floats only of the chunk's own type, integers of any: their sums are exact)
                 m = (count - done) // chunk
-                self._reduce_chunks(replica, [c[done:done + m * chunk] for c in columns], m)
+                self._reduce_chunks(replica, [c[done:done + m * chunk] for c in columns], m, chunk)
                 done += m * chunk
                 continue
             for a, c in zip(buf.arrays, columns):
@@ -156,17 +156,12 @@ class _Chunked:
 
     def _reduce(self, replica: int, buf: _Chunk) -> None:
         n = buf.n
-        self._reduce_columns(replica, buf.arrays if n == self._chunk else [a[:n] for a in buf.arrays], n)
+        self._reduce_chunks(replica, buf.arrays if n == self._chunk else [a[:n] for a in buf.arrays], 1, n)
 
-    def _reduce_columns(self, replica: int, cols: list, n: int) -> None:  # pragma: no cover - abstract
-        """Reduce one chunk: ``n`` rows, one array per column."""
+    def _reduce_chunks(self, replica: int, cols: list, m: int, width: int) -> None:  # pragma: no cover - abstract
+        """Reduce ``m`` chunks in a row, ``width`` rows each: arrays of ``m * width`` rows, one per
+        column (each chunk reduced as it would be alone, in order)."""
         raise NotImplementedError
-
-    def _reduce_chunks(self, replica: int, cols: list, m: int) -> None:
-        """Reduce ``m`` whole chunks in a row (arrays of ``m`` chunks' rows), as one at a time would."""
-        chunk = self._chunk
-        for j in range(m):
-            self._reduce_columns(replica, [c[j * chunk:(j + 1) * chunk] for c in cols], chunk)
 
 
 class StepTotals(_Chunked):
@@ -204,34 +199,19 @@ class StepTotals(_Chunked):
         fields = list(zip(*rows))
         return [fields[i] for i in _KEEP]
 
-    def _reduce_columns(self, replica: int, cols: list, n: int) -> None:
+    def _reduce_chunks(self, replica: int, cols: list, m: int, width: int) -> None:
+        # (each chunk's float sums a row of one (m, width) view, added in chunk order; integer
+        # sums are exact in any grouping)
         end = cols[_END]
         f, i = self._f[replica], self._i[replica]
-        f["busy"] += float((end - cols[_START]).sum())
-        for j, name in _SUM_COLS:
-            f[name] += float(cols[j].sum())
-        for j, name in _INT_COLS:
-            i[name] += int(cols[j].sum())
-        i["steps"] += n
-        self.max_end = max(self.max_end, float(end.max()))
-
-    def _reduce_chunks(self, replica: int, cols: list, m: int) -> None:
-        # (each chunk's float sums as _reduce_columns takes them, a row of an (m, chunk) view each,
-        # added in chunk order; integer sums are exact in any grouping)
-        if m == 1:
-            self._reduce_columns(replica, cols, self._chunk)
-            return
-        end = cols[_END]
-        f, i = self._f[replica], self._i[replica]
-        shape = (m, self._chunk)
         for name, a in (("busy", end - cols[_START]), *((name, cols[j]) for j, name in _SUM_COLS)):
             total = f[name]
-            for v in a.reshape(shape).sum(axis=1).tolist():
+            for v in a.reshape(m, width).sum(axis=1).tolist():
                 total += v
             f[name] = total
         for j, name in _INT_COLS:
             i[name] += int(cols[j].sum())
-        i["steps"] += m * self._chunk
+        i["steps"] += m * width
         self.max_end = max(self.max_end, float(end.max()))
 
     def totals(self, replicas: range | None = None) -> dict:

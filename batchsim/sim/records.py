@@ -242,7 +242,7 @@ class TimelineSteps:
         b = _bins(chunk["end"], self.bin_s)  # (rows come by end time: b never falls)
         held = self._held
         if held is not None:  # (the bin the last chunk ended in may go on in this one)
-            hb = int(np.floor(held["end"][0] / self.bin_s))
+            hb = int(_bins(held["end"][:1], self.bin_s)[0])
             k = int(np.searchsorted(b, hb, "right"))
             joined = {f: np.concatenate((held[f], chunk[f][:k])) for f in chunk}
             self._held = None
