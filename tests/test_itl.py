@@ -221,3 +221,34 @@ def test_pieces_made_on_a_thread_give_the_same_summary(monkeypatch):
     made.clear()
     monkeypatch.setattr(itl, "_AHEAD", 10 ** 9)
     assert itl.weighted_summary(spy, [50, 90, 99]) == alone and set(made) == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pieces_cover_each_gap_as_often_as_runs_do_across_chunks_and_pieces(seed, monkeypatch):
+    """The pieces count each step gap once per run covering it (stretches between runs' ends), and
+    read the gaps across the chunks the times were kept in: checked against a count made gap by
+    gap, with pieces and chunks shorter than the runs, idle stretches no run covers, and runs
+    that begin and end at the same places."""
+    from batchsim.sim.itl import Times
+
+    monkeypatch.setattr(itl_mod, "_PIECE", [3, 16, 97][seed % 3])
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.random(400))
+    chunks = np.split(t, np.sort(rng.integers(1, 399, size=8)))
+    times = Times(chunks)
+    for lo, hi in ((1, 400), (1, 2), (57, 58), (57, 301), (399, 400)):
+        assert np.array_equal(times.gaps(lo, hi), t[lo:hi] - t[lo - 1:hi - 1])
+    starts = rng.integers(0, 399, size=30)
+    starts[:3] = 120  # (three runs from one place, two of them to one end)
+    ends = np.minimum(starts + rng.integers(0, 60, size=30), 399)
+    ends[1] = ends[2]
+    rec = ItlRecords([times], np.arange(30), np.zeros(30, dtype=np.int64), starts, ends, np.full(30, np.nan))
+    cover = np.zeros(400, dtype=np.int64)  # (gap k: t[k] - t[k - 1])
+    for s, e in zip(starts, ends):
+        cover[s + 1:e + 1] += 1
+    got = list(rec.pieces())
+    assert all((c > 0).all() and c.dtype == np.int64 for _, c in got)
+    v = np.concatenate([v for v, _ in got])
+    c = np.concatenate([c for _, c in got])
+    keep = np.flatnonzero(cover)
+    assert np.array_equal(v, t[keep] - t[keep - 1]) and np.array_equal(c, cover[keep])

@@ -88,6 +88,25 @@ class Times:
         parts = [self._chunks[k][max(a - starts[k], 0):b - starts[k]] for k in range(i, j + 1)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def gaps(self, lo: int, hi: int) -> np.ndarray:
+        """``self[lo:hi] - self[lo - 1:hi - 1]`` (the step gaps ``lo..hi-1``; ``1 <= lo <= hi``),
+        each chunk's differences written into one array, the chunks never joined first."""
+        out = np.empty(hi - lo)
+        chunks, starts = self._chunks, self._starts
+        i = int(np.searchsorted(self._ends, lo - 1, "right"))  # (the chunk holding time lo - 1)
+        x = lo  # (the next gap: self[x] - self[x - 1])
+        while x < hi:
+            c, s = chunks[i], starts[i]
+            if x - 1 < s:  # (its earlier time is the last of the chunk before)
+                out[x - lo] = c[0] - chunks[i - 1][-1]
+                x += 1
+            e = min(s + len(c), hi)  # (gaps x..e-1 end in this chunk)
+            if x < e:
+                np.subtract(c[x - s:e - s], c[x - 1 - s:e - 1 - s], out=out[x - lo:e - lo])
+                x = e
+            i += 1
+        return out
+
     def count_at_most(self, x: float) -> int:
         """How many times are <= x (they never decrease)."""
         return sum(int(np.searchsorted(c, x, "right")) for c in self._chunks)
@@ -176,20 +195,21 @@ class ItlRecords:
                 hi = min(lo + _PIECE, len(t))
                 a0, a1 = np.searchsorted(a, (lo, hi))
                 b0, b1 = np.searchsorted(b, (lo, hi))
-                # (the runs that begin and end in the piece, as +1 and -1 where they do: few, each
-                # added where it falls, into one array then summed up in place)
-                w = np.zeros(hi - lo, dtype=np.int64)
-                np.add.at(w, a[a0:a1] - lo, 1)
-                np.subtract.at(w, b[b0:b1] - lo, 1)
-                np.cumsum(w, out=w)
-                w += int(a0) - int(b0)
-                if w.min() > 0:  # (every step gap of the piece covered, as in a busy replica)
-                    yield np.diff(t[lo - 1:hi]), w
+                # (the coverage is constant between the places where a run begins (+1) or ends
+                # (-1): few, so it is found per stretch and then repeated over each stretch)
+                at = np.concatenate(([0], a[a0:a1] - lo, b[b0:b1] - lo))
+                delta = np.concatenate(([int(a0) - int(b0)], np.ones(a1 - a0, dtype=np.int64),
+                                        np.full(b1 - b0, -1, dtype=np.int64)))
+                order = np.argsort(at, kind="stable")
+                at = at[order]
+                level = np.cumsum(delta[order])  # (each stretch's coverage; stretches between equal places are empty)
+                length = np.diff(np.append(at, hi - lo))
+                covered = level > 0
+                if covered[length > 0].all():  # (every step gap of the piece covered, as in a busy replica)
+                    yield t.gaps(lo, hi), np.repeat(level, length)
                     continue
-                keep = np.flatnonzero(w > 0)
-                if len(keep):
-                    span = t[lo - 1:hi]
-                    yield span[1:][keep] - span[:-1][keep], w[keep]
+                if covered.any() and length[covered].any():
+                    yield t.gaps(lo, hi)[np.repeat(covered, length)], np.repeat(level[covered], length[covered])
         e = self.entry[~np.isnan(self.entry)]
         if len(e):
             yield e, np.ones(len(e), dtype=np.int64)
@@ -265,9 +285,10 @@ def _keys(v: np.ndarray) -> np.ndarray:
     return np.maximum(k, np.uint64(_KEY_FLOOR), out=k).view(np.int64)  # (keys < 2^28: the same as integers)
 
 
-def _add_hist(hist: np.ndarray, base: int, k: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, int]:
-    """``hist`` (counts of keys ``base, base + 1, ...``) with the keys ``k`` counted ``c`` times."""
-    lo, hi = int(k.min()), int(k.max())
+def _add_hist(hist: np.ndarray, base: int, v: np.ndarray, c: np.ndarray, least: float, most: float) -> tuple[np.ndarray, int]:
+    """``hist`` (counts of keys ``base, base + 1, ...``) with the keys of the values ``v`` (>= 0,
+    from ``least`` to ``most``) counted ``c`` times (integers, or the same as floats)."""
+    lo, hi = _keys(np.array([least, most])).tolist()  # (keys keep the values' order)
     if not len(hist):
         hist, base = np.zeros(hi - lo + 1, dtype=np.int64), lo
     new_lo, new_hi = min(base, lo), max(base + len(hist) - 1, hi)
@@ -275,7 +296,9 @@ def _add_hist(hist: np.ndarray, base: int, k: np.ndarray, c: np.ndarray) -> tupl
         grown = np.zeros(new_hi - new_lo + 1, dtype=np.int64)
         grown[base - new_lo:base - new_lo + len(hist)] = hist
         hist, base = grown, new_lo
-    h = np.bincount(k - lo, weights=c).astype(np.int64)
+    k = _keys(v)
+    k -= lo
+    h = np.bincount(k, weights=c).astype(np.int64)
     hist[lo - base:lo - base + len(h)] += h
     return hist, base
 
@@ -346,20 +369,22 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     for v, c in _ahead(pieces()):
         if not len(v):
             continue
-        if v.min() < 0:
-            raise ValueError("weighted_summary needs values >= 0")
+        least, most = float(v.min()), float(v.max())
+        if not least >= 0:  # (NaN too)
+            raise ValueError(f"weighted_summary needs values >= 0, got {least!r}")
         n += int(c.sum())
-        total += float(_sum(v * c))
+        cf = c.astype(np.float64)  # (the products' and the histogram's counts: converted once)
+        total += float(_sum(v * cf))  # (the same products as v * c: numpy converts c to these floats)
         if kept is not None:
             kept.append((v, c))
             few += len(v)
             if few <= _FEW:
                 continue
             for x, y in kept:
-                hist, base = _add_hist(hist, base, _keys(x), y)
+                hist, base = _add_hist(hist, base, x, y, float(x.min()), float(x.max()))
             kept = None
         else:
-            hist, base = _add_hist(hist, base, _keys(v), c)
+            hist, base = _add_hist(hist, base, v, cf, least, most)
     if n == 0:
         raise EmptyError("no values")
     mean = total / n
@@ -385,13 +410,17 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
         lut[wanted - base] = True
         for v, c in _ahead(pieces()):
             sq += _squares(v, c, mean)
-            k = _keys(v)
-            if len(k) and (int(k.min()) < base or int(k.max()) >= base + len(hist)):
+            if not len(v):
+                continue
+            lo, hi = _keys(np.array([v.min(), v.max()])).tolist()
+            if lo < base or hi >= base + len(hist):
                 raise ValueError("weighted_summary: pieces() gave other values the second time")
-            sel = np.flatnonzero(lut[k - base])
+            k = _keys(v)
+            k -= base
+            sel = np.flatnonzero(lut[k])
             for b in np.unique(k[sel]).tolist():
                 at = sel[k[sel] == b]
-                found[b].append((v[at], c[at]))
+                found[b + base].append((v[at], c[at]))
         at_rank = {}
         for r, b in where.items():  # (the rank within its bucket: past the buckets before it)
             within = r - (int(cum[b - 1]) if b else 0)
