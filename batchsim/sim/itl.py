@@ -208,7 +208,7 @@ class ItlRecords:
                 if covered[length > 0].all():  # (every step gap of the piece covered, as in a busy replica)
                     yield t.gaps(lo, hi), np.repeat(level, length)
                     continue
-                if covered.any() and length[covered].any():
+                if length[covered].any():
                     yield t.gaps(lo, hi)[np.repeat(covered, length)], np.repeat(level[covered], length[covered])
         e = self.entry[~np.isnan(self.entry)]
         if len(e):
@@ -237,7 +237,7 @@ class ItlRecords:
         rids, gaps = [], []
         for rid, rep, a, b, e in zip(self.rid.tolist(), self.replica.tolist(), self.start.tolist(),
                                      self.end.tolist(), self.entry.tolist()):
-            g = np.diff(self.times[rep][a:b + 1])
+            g = self.times[rep].gaps(a + 1, b + 1)
             if not math.isnan(e):
                 g = np.concatenate(([e], g))
             rids.append(np.full(len(g), rid, dtype=np.int64))
