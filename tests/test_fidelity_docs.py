@@ -38,3 +38,13 @@ def test_the_docs_results_are_what_the_script_prints(case):
     assert float(cells[8]) == pytest.approx(row["batchsim"], rel=0.005), (
         f"docs/fidelity.md's {case} says {cells[8]}, the script now gives {row['batchsim']:.1f}: rerun "
         "python scripts/published_check.py and update section 4")
+
+
+@pytest.mark.parametrize("key", ["S2-8bh1-202/214@2", "S2-70bh2-467/256@16", "S2-8bh2-467/16@inf"])
+def test_the_docs_serving_rows_are_what_the_script_prints(key):
+    mod = _script()
+    rows = [mod.run_case(c) for c in mod.CASES if c[0].rsplit(":", 1)[0] == key and c[0].endswith((":ttft", ":itl"))]
+    line = next(ln for ln in DOC.read_text(encoding="utf-8").splitlines() if ln.startswith(f"| {key} |"))
+    assert line == mod.serving_markdown(rows).splitlines()[2], (
+        f"docs/fidelity.md's {key} row differs from the script's: rerun "
+        "python scripts/published_check.py --only-source S2 --markdown and update section 4")
