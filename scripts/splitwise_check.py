@@ -26,7 +26,8 @@ tokens, as one batched prefill does), every request at t = 0. Nothing here is fi
 measurements are the test, never an input (docs/disaggregation.md, "Against Splitwise's measured
 phases", gives the mapping and the tolerance, set before the first run).
 
-    python scripts/splitwise_check.py            # about half a minute
+    python scripts/splitwise_check.py            # a few seconds
+    python scripts/splitwise_check.py --markdown # the summary table of the doc
     python scripts/splitwise_check.py --json out.json
 """
 
@@ -112,7 +113,9 @@ def scenario(model: str, hardware: str, tp: int, batch: int, prompt: int, output
             "tensor_parallel_size": tp, "dtype": "fp16",
             "policy": {"name": "continuous", "prefill_mode": "separate", "max_num_seqs": 256,
                        "max_num_batched_tokens": max(BATCHES) * 512},
-            "workload": {"num_requests": batch, "arrival": {"process": "constant", "rate": 1e9},
+            # (a closed loop of `batch` clients: all `batch` requests are queued at t = 0 before the first
+            # step; constant arrivals 1 ns apart let the first request's prefill start alone)
+            "workload": {"num_requests": batch, "arrival": {"process": "closed", "concurrency": batch},
                          "prompt_tokens": {"dist": "fixed", "value": prompt},
                          "output_tokens": {"dist": "fixed", "value": output}}}
 
@@ -170,11 +173,31 @@ def summary(out: list[dict]) -> list[str]:
     return lines
 
 
+def markdown_table(out: list[dict]) -> str:
+    """The summary docs/disaggregation.md shows: per GPU and TP, each series' points within the tolerance,
+    median error and range (excluded points left out)."""
+    lines = ["| GPU | TP | `ttft` | `batch_prefill` | `tbt` |", "|---|---|---|---|---|"]
+    for hw in ("a100-80gb", "h100-sxm"):
+        for tp in (2, 4, 8):
+            cells = []
+            for name in ("ttft", "batch_prefill", "tbt"):
+                pts = [r for r in out if (r["hardware"], r["tp"], r["series"]) == (hw, tp, name) and not r["excluded"]]
+                errs = [r["error"] for r in pts]
+                cells.append(f"{sum(r['within'] for r in pts)}/{len(pts)}, {statistics.median(errs):+.0%} "
+                             f"({min(errs):+.0%} to {max(errs):+.0%})")
+            lines.append(f"| {hw} | {tp} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--markdown", action="store_true", help="print only the summary table docs/disaggregation.md shows")
     args = ap.parse_args()
     out = rows()
+    if args.markdown:
+        print(markdown_table(out))
+        return
     print(f"{'GPU':9} {'TP':>2} {'series':13} {'x':>5} {'published':>10} {'batchsim':>10} {'error':>7}  "
           f"tolerance  result")
     for r in out:
