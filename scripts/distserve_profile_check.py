@@ -102,6 +102,27 @@ def md1_p90_rate(service_s: float, p90_s: float = 0.4, n: int = 200_000, seed: i
     return round(lo, 2)
 
 
+def decode_only_rate(step_ms, tpot_ms: float = 40.0, outputs: int = 64) -> tuple[int, float]:
+    """Little's law for a decode-only instance: at a steady batch of ``b`` the step takes ``step_ms(b)``,
+    each request stays ``outputs - 1`` steps, so it serves ``b / ((outputs - 1) x step)`` req/s; the
+    largest ``b`` whose step is at most ``tpot_ms`` bounds its capacity. Returns (b, req/s)."""
+    b = 1
+    while step_ms(b + 1) <= tpot_ms:
+        b += 1
+    return b, round(b / ((outputs - 1) * step_ms(b) / 1e3), 1)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The step comparison docs/disaggregation.md shows."""
+    lines = ["| step | DistServe fit (ms) | vLLM fit (ms) | batchsim (ms) | error vs DistServe | error vs vLLM |",
+             "|---|---|---|---|---|---|"]
+    for i in range(0, len(rows), 2):
+        d, v = rows[i], rows[i + 1]
+        lines.append(f"| {d['step']} | {d['fitted_ms']:.1f} | {v['fitted_ms']:.1f} | {d['batchsim_ms']:.1f} | "
+                     f"{d['error']:+.0%} | {v['error']:+.0%} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     rows = step_rows()
     print(f"{'step':24} {'fit':9} {'fitted':>8} {'batchsim':>9} {'error':>7}  result (±{TOLERANCE:.0%})")
@@ -115,6 +136,14 @@ def main() -> None:
     for label, d in [(f"{e} fit", fitted_prefill_ms(e, [PROMPT])) for e in FITS] + \
                     [("batchsim", rows[0]["batchsim_ms"])]:
         print(f"  D = {d:6.1f} ms ({label}): {md1_p90_rate(d / 1e3):.2f} req/s (DistServe's Figure 1: 5.6)")
+    print("decode-only capacity, 64 outputs, TPOT <= 40 ms (Little's law on the step time):")
+    cm_rows = {b: batchsim_ms(StepShape.of([(1, CONTEXT)] * b)) for b in range(1, 257)}
+    for label, fn in [(f"{e} fit", lambda b, e=e: fitted_decode_ms(e, b, CONTEXT)) for e in FITS] + \
+                     [("batchsim", cm_rows.__getitem__)]:
+        b, rate = decode_only_rate(fn)
+        print(f"  {label:14}: batch {b}, {rate} req/s (DistServe's Figure 1: 10)")
+    print()
+    print(markdown_table(rows))
 
 
 if __name__ == "__main__":
