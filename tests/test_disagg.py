@@ -28,7 +28,7 @@ from tests.engine_helpers import ConstantCost, workload
 
 def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_request", layers=2,
                first_token="prefill", kv_bytes=10.0, prefill_blocks=1000, decode_blocks=1000, block_size=16,
-               decode_policy=None, horizon=None, cost=None):
+               decode_policy=None, horizon=None, cost=None, pairing="after_prefill", reserved=0):
     """The engine alone: constant-time steps, a link of ``bandwidth`` bytes/s per GPU."""
     from batchsim.app.runner import _itl_records
 
@@ -44,7 +44,7 @@ def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_
     link = KVLink(LinkSpec(bandwidth, latency, mode, layers), [1] * prefill, [1] * decode)
     rng = np.random.default_rng(0)
     cluster = DisaggCluster(env, pre, make_router("round_robin", rng), dec, make_router("round_robin", rng),
-                            link, wl, kv_bytes, first_token)
+                            link, wl, kv_bytes, first_token, pairing=pairing, reserved_tokens=reserved)
     try:
         env.run(until=horizon)
     except Livelock:
@@ -164,15 +164,18 @@ def test_a_stall_with_a_running_request_is_reported():
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 20), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25),
        st.sampled_from(["prefill", "decode"]), st.sampled_from(["per_request", "per_layer"]),
-       st.integers(1, 3), st.integers(1, 3), st.integers(3, 60))
-def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks):
+       st.integers(1, 3), st.integers(1, 3), st.integers(3, 60),
+       st.sampled_from([("after_prefill", 0), ("at_arrival", 0), ("at_arrival", 16), ("at_arrival", 100)]))
+def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks, pairing):
     """Every completed request's KV crosses the link once, no request decodes before its transfer
-    ends, and every request is accounted for across the pools."""
+    ends, and every request is accounted for across the pools; with pairing at_arrival, no prefill
+    starts before its decode blocks are taken."""
     reqs = sorted(reqs)
     wl = workload([r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs])
     req, steps, itl, cluster = run_disagg(wl, prefill=n_pre, decode=n_dec, mode=mode, first_token=first_token,
                                           decode_blocks=decode_blocks, bandwidth=500.0, latency=0.1,
-                                          cost=ConstantCost(0.2, per_token=0.001))
+                                          cost=ConstantCost(0.2, per_token=0.001), pairing=pairing[0],
+                                          reserved=pairing[1])
     assert len(req) == len(reqs)  # conservation: every arrival has a record
     done = req[req.status == "completed"]
     rejected = req[req.status == "rejected"]
@@ -190,6 +193,12 @@ def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks):
     assert cluster.link.bytes == pytest.approx(float((done.prompt_tokens * 10.0).sum()))
     assert np.allclose(done.kv_transfer_bytes, done.prompt_tokens * 10.0)
     assert (done.transfer_end >= done.prefill_end).all()
+    if pairing[0] == "at_arrival":  # (the bootstrap: decode blocks first, then the prefill)
+        assert (done.decode_blocks <= done.prefill_admitted).all()
+    else:
+        assert (done.decode_blocks >= done.prefill_end).all()
+        if mode == "per_request":  # (per_layer may start the transfer with the prefill's last step)
+            assert (done.decode_blocks <= done.transfer_start).all()
     adm = done.decode_admitted  # (none for one output token sent with the KV: first_token prefill)
     assert ((adm >= done.transfer_end) | (adm.isna() & (done.output_tokens == 1) & (first_token == "prefill"))).all()
     assert (done.first_token >= done.transfer_end).all()
@@ -201,7 +210,7 @@ def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks):
     assert len(itl) == int((done.output_tokens - 1).sum())
     for r in cluster.replicas + cluster.decode:
         assert r.kv.used_blocks == 0 and not r.seqs
-    assert not cluster.in_transit and not any(cluster.alloc)
+    assert not cluster.in_transit and not any(cluster.alloc) and not any(cluster.bound) and not cluster.paired
     # decode-pool steps never hold a request before its KV arrived
     dec_steps = steps[steps.replica >= n_pre]
     if len(dec_steps) and len(done):
@@ -534,3 +543,68 @@ def test_a_prompt_the_prefill_pool_cannot_hold_is_refused_in_its_own_words():
     assert req.loc[0, "status"] == "rejected"
     assert req.loc[0, "reason"] == "prefill pool: prompt+first token 101 tokens > KV capacity 64"
     assert req.loc[1, "status"] == "completed"
+
+
+def test_pairing_at_arrival_gates_the_prefill_on_decode_blocks():
+    """SGLang's bootstrap, worked by hand (1 s steps, 10 B/token over 200 B/s, 0.5 s latency; a decode
+    replica of two 16-token blocks, no reserve). Both requests (20-token prompts, 2 outputs) arrive at 0.
+    r0 is paired and takes both decode blocks (20 + 1 tokens) at 0: prefill [0,1], transfer 200 B
+    [1,2] + 0.5 -> its first token at 2.5, decode step [2.5,3.5]: done, its blocks free at 3.5. r1 only
+    then gets its blocks and enters the prefill queue: prefill [3.5,4.5], transfer [4.5,5.5] -> 6.0,
+    decode [6.0,7.0]. After the prefill (vLLM's way) r1 would prefill with r0 in [0,1] and wait for
+    the blocks after it instead: transfer [3.5,4.5] -> 5.0, done 6.0."""
+    wl = workload([0.0, 0.0], [20, 20], [2, 2])
+    kw = dict(decode_blocks=2, block_size=16, bandwidth=200.0, latency=0.5)
+    req, steps, _, cluster = run_disagg(wl, pairing="at_arrival", **kw)
+    r0, r1 = req.loc[0], req.loc[1]
+    assert (r0.decode_blocks, r0.prefill_admitted, r0.prefill_end, r0.transfer_start, r0.transfer_end) == (0, 0, 1, 1, 2.5)
+    assert (r0.first_token, r0.completion) == (2.5, 3.5)
+    assert (r1.decode_blocks, r1.prefill_admitted, r1.prefill_end, r1.transfer_start, r1.transfer_end) == (3.5, 3.5, 4.5, 4.5, 6.0)
+    assert (r1.first_token, r1.completion) == (6.0, 7.0)
+    pre = steps[steps.replica == 0]
+    assert list(zip(pre.start, pre.end)) == [(0, 1), (3.5, 4.5)] and list(pre.num_seqs) == [1, 1]
+    for r in cluster.replicas + cluster.decode:
+        assert r.kv.used_blocks == 0
+    after, *_ = run_disagg(wl, **kw)
+    assert list(after.decode_blocks) == [1.0, 3.5] and list(after.prefill_admitted) == [0, 0]
+    assert list(after.completion) == [3.5, 6.0]
+
+
+def test_pairing_at_arrival_keeps_the_reserve_free():
+    """The decode replica keeps ``reserved_tokens`` free for each request it runs, queues or has
+    pre-allocated (SGLang's _allocatable_tokens): 4 blocks of 16 (64 tokens), reserve 16. r0 (20-token
+    prompt: 2 blocks) needs 32 + 16 <= 64 and is paired at 0, leaving 16; r1 needs 48 and waits. When
+    r0 arrives (2.5) it holds 2 blocks and reserves 16: 32 - 16 < 48, so r1 waits for r0's completion
+    (3.5). With no reserve both are paired at 0 and prefill together."""
+    wl = workload([0.0, 0.0], [20, 20], [2, 2])
+    kw = dict(decode_blocks=4, block_size=16, bandwidth=200.0, latency=0.5, pairing="at_arrival")
+    req, *_ = run_disagg(wl, reserved=16, **kw)
+    assert list(req.decode_blocks) == [0.0, 3.5] and list(req.prefill_admitted) == [0.0, 3.5]
+    free, *_ = run_disagg(wl, reserved=0, **kw)
+    assert list(free.decode_blocks) == [0.0, 0.0] and list(free.prefill_admitted) == [0.0, 0.0]
+
+
+def test_pairing_at_arrival_stall_is_reported_not_hung():
+    """A prompt whose KV and reserve exceed the decode replica (but whose prompt and output fit: not
+    refused at arrival) waits for blocks that never come: the run ends and says so."""
+    wl = workload([0.0], [20], [2])
+    req, _, _, cluster = run_disagg(wl, decode_blocks=2, block_size=16, pairing="at_arrival", reserved=16)
+    assert req.loc[0].status == "unfinished" and cluster.stalled() == [1]
+
+
+def test_pairing_scenario_fields_and_errors():
+    base = {"model": "llama-3-8b", "hardware": "h100-sxm", "workload": {"num_requests": 20, "arrival": {
+        "process": "poisson", "rate": 2}, "prompt_tokens": {"dist": "fixed", "value": 300},
+        "output_tokens": {"dist": "fixed", "value": 20}}, "policy": {"name": "continuous"}}
+    sc = scenario_from_dict({**base, "disaggregation": {"pairing": "at_arrival"}}, "t")
+    assert sc.disaggregation.reserved_decode_tokens == 512
+    r = run_scenario(sc)
+    d = r.summary["disaggregation"]
+    assert d["pairing"] == "at_arrival" and d["reserved_decode_tokens"] == 512
+    assert list(d["ttft_split"])[:2] == ["decode_blocks", "queue"]
+    done = r.requests[r.requests.status == "completed"]
+    assert (done.decode_blocks <= done.admitted).all()
+    with pytest.raises(InputError, match="reserved_decode_tokens"):
+        scenario_from_dict({**base, "disaggregation": {"reserved_decode_tokens": 64}}, "t")
+    with pytest.raises(InputError, match="pairing"):
+        scenario_from_dict({**base, "disaggregation": {"pairing": "later"}}, "t")

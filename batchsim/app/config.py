@@ -137,6 +137,23 @@ class DisaggregationConfig(NoBoolNumbers):
         "prefill", description="prefill: the token the prefill replica samples reaches the client with the KV "
                                "(SGLang); decode: the decode replica recomputes the last prompt token and "
                                "samples the first token itself (vLLM's NIXL connector)")
+    pairing: Literal["after_prefill", "at_arrival"] = Field(
+        "after_prefill", description="after_prefill: the decode replica is chosen and its blocks taken when the "
+        "prefill ends (vLLM's proxy and NIXL connector); at_arrival: the router pairs a prefill and a decode "
+        "replica as the request arrives, the decode replica pre-allocates the prompt's KV and only then may the "
+        "prefill start (SGLang's mini_lb, bootstrap queue and DecodePreallocQueue)")
+    reserved_decode_tokens: int = Field(
+        512, ge=0, le=10**7, description="pairing at_arrival: the tokens a decode replica keeps free for each "
+        "request it runs, queues or has pre-allocated before it pre-allocates another "
+        "(SGLANG_NUM_RESERVED_DECODE_TOKENS, default 512)")
+
+    @model_validator(mode="after")
+    def _reserve_needs_prealloc(self) -> "DisaggregationConfig":
+        if "reserved_decode_tokens" in self.model_fields_set and self.pairing != "at_arrival":
+            raise ValueError(f"reserved_decode_tokens ({self.reserved_decode_tokens}) is the decode pool's reserve "
+                             "when it pre-allocates at arrival; it does nothing with pairing "
+                             f"{self.pairing!r} (set pairing: at_arrival, or drop it)")
+        return self
 
 
 class Scenario(NoBoolNumbers):

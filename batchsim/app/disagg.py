@@ -149,7 +149,8 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
         except InputError as e:
             raise InputError(e.message, f"disaggregation.{'prefill' if p is d.prefill else 'decode'}.router") from None
     cluster = DisaggCluster(env, made["prefill"], routes[0], made["decode"], routes[1], link,
-                            workload, pre.parts.cost.kv_bytes_per_token, d.first_token, scenario.max_queue_len)
+                            workload, pre.parts.cost.kv_bytes_per_token, d.first_token, scenario.max_queue_len,
+                            d.pairing, d.reserved_decode_tokens if d.pairing == "at_arrival" else 0)
     livelock = None
     with _policy_contract(scenario, pre.policies[0]), _policy_contract(scenario, dec.policies[0]):
         try:
@@ -197,14 +198,20 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
         summary["prefix_cache_hit_rate"] = hits / looks if looks else 0.0
     stalled = cluster.stalled()
     if stalled:
+        first = made["decode"][0].index
         stuck = sum(len(r.waiting) + len(r.running) for r in made["decode"] if r.index in stalled)
+        unpaired = sum(len(cluster.alloc[i - first]) for i in stalled)
         how = (f"{livelock}, and the run stopped at {env.now:.6g} s" if livelock is not None else
                "idle with requests it cannot schedule, and nothing left to free their blocks")
+        why = ("Their KV is held by transferred requests queued behind a preempted one that cannot get its "
+               "blocks back (a first-come-first-served queue, as vLLM's, stops at its head)")
+        if unpaired and not stuck:
+            how = f"{unpaired} request(s) paired with them wait for blocks they can never free"
+            why = (f"The first needs its prompt's KV and reserved_decode_tokens ({d.reserved_decode_tokens}) more "
+                   "than the replica holds (pairing at_arrival pre-allocates first come first served)")
         summary.setdefault("warnings", []).append(
-            f"decode replica(s) {', '.join(map(str, stalled))} stalled with {stuck} request(s): {how}. Their KV is "
-            "held by transferred requests queued behind a preempted one that cannot get its blocks back (a "
-            "first-come-first-served queue, as vLLM's, stops at its head); give the decode pool more KV "
-            "(gpu_memory_utilization, tensor_parallel_size, a larger GPU)")
+            f"decode replica(s) {', '.join(map(str, stalled))} stalled with {stuck + unpaired} request(s): {how}. "
+            f"{why}; give the decode pool more KV (gpu_memory_utilization, tensor_parallel_size, a larger GPU)")
     summary["disaggregation"] = _report(scenario, requests, step_totals, link, pre, dec, sim_end)
     summary["engine"] = "python"
     summary["engine_reason"] = ENGINE_REASON
@@ -221,25 +228,33 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     prov = provenance(scenario, parts, dec.policies[0], meta, dec.max_len, "python")
     prov["policy"] = {"prefill": pre.policies[0].config.model_dump(mode="json"),
                       "decode": dec.policies[0].config.model_dump(mode="json")}
-    prov["disaggregation"] = d.model_dump(mode="json")
+    # (the reserve only with at_arrival: provenance reads as scenario input, which refuses it otherwise)
+    prov["disaggregation"] = d.model_dump(mode="json", exclude=None if d.pairing == "at_arrival"
+                                          else {"reserved_decode_tokens"})
     summary["provenance"] = prov
     engine = {"steps": len(steps), "engine": "python"}
     return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
 
 
-def ttft_parts(requests) -> dict[str, np.ndarray]:
+def ttft_parts(requests, prealloc: bool = False) -> dict[str, np.ndarray]:
     """Each request's TTFT split (seconds): ``queue`` (arrival at the engine to its prefill's
     admission), ``prefill`` (to the prompt's last step's end), ``transfer`` (to the KV's arrival at
     the decode replica: waiting for decode blocks and the link, and the transfer's part not
     overlapped with the prefill), ``decode_first`` (to the first token: the decode replica's first
     step with ``first_token: decode``, 0 with ``prefill``). With a frontend, ``frontend_in`` comes
-    first; the parts add up to ``ttft``."""
+    first. With ``prealloc`` (pairing at_arrival) ``decode_blocks`` (arrival at the engine to the
+    decode replica's pre-allocation) comes before ``queue``, which then starts there. The parts add
+    up to ``ttft``."""
     arrival = column(requests, "arrival", np.float64)
     fin = column(requests, "frontend_in_s", np.float64) if "frontend_in_s" in requests else np.zeros(len(arrival))
     adm, pend = column(requests, "admitted", np.float64), column(requests, "prefill_end", np.float64)
     xend, first = column(requests, "transfer_end", np.float64), column(requests, "first_token", np.float64)
-    return {"frontend_in": fin, "queue": adm - (arrival + fin), "prefill": pend - adm, "transfer": xend - pend,
-            "decode_first": first - xend}
+    head = {"frontend_in": fin}
+    ready = arrival + fin
+    if prealloc:
+        blocks = column(requests, "decode_blocks", np.float64)
+        head["decode_blocks"], ready = blocks - ready, blocks
+    return {**head, "queue": adm - ready, "prefill": pend - adm, "transfer": xend - pend, "decode_first": first - xend}
 
 
 def _ms_stats(v: np.ndarray) -> dict[str, float | None]:
@@ -254,7 +269,9 @@ def _report(scenario: Scenario, requests, steps: StepTotals, link: KVLink, pre: 
     win = (requests[in_window(column(requests, "arrival"), m.warmup_s, m.cooldown_s, m.warmup_requests,
                               m.cooldown_requests)] if len(requests) else requests)
     done = win[column(win, "status") == COMPLETED]
-    split = ttft_parts(done) if len(done) else {k: np.empty(0) for k in ("frontend_in", *TTFT_PARTS)}
+    prealloc = scenario.disaggregation.pairing == "at_arrival"
+    split = (ttft_parts(done, prealloc) if len(done) else
+             {k: np.empty(0) for k in ("frontend_in", *(("decode_blocks",) if prealloc else ()), *TTFT_PARTS)})
     pools = {}
     for p in (pre, dec):
         u = pool_utilization(steps, p.replicas, end, p.parts.cost.peak_flops, p.parts.cost.peak_bandwidth)
@@ -271,6 +288,8 @@ def _report(scenario: Scenario, requests, steps: StepTotals, link: KVLink, pre: 
     return {
         "gpus": pools["prefill"]["gpus"] + pools["decode"]["gpus"],
         "first_token": scenario.disaggregation.first_token,
+        "pairing": scenario.disaggregation.pairing,
+        **({"reserved_decode_tokens": scenario.disaggregation.reserved_decode_tokens} if prealloc else {}),
         "ttft_split": {k: _ms_stats(v) for k, v in split.items() if k != "frontend_in" or "frontend_in_s" in done},
         "pools": pools,
         "link": {"bandwidth_gbps_per_gpu": scenario.disaggregation.link.bandwidth_gbps,

@@ -100,6 +100,7 @@ def _disagg_cell(d: dict | None, what: str) -> str:
     if what == "split":
         split = d["ttft_split"]
         names = (("frontend_in", "frontend"),) if "frontend_in" in split else ()
+        names += (("decode_blocks", "decode blocks"),) if "decode_blocks" in split else ()
         names += (("queue", "queue"), ("prefill", "prefill"), ("transfer", "transfer"), ("decode_first", "decode"))
         return " / ".join(f"{label} {_value(split.get(k, {}), 'median_ms')}" for k, label in names)
     if what == "link":

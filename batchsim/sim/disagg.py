@@ -29,6 +29,13 @@ The mechanism, as the engines that ship it run it (docs/disaggregation.md gives 
    (vLLM's NixlConnector): the decode replica recomputes the last prompt token (its
    ``num_computed_tokens`` is the prompt less one) and samples the first token itself.
 
+``pairing: at_arrival`` (SGLang) changes steps 1-3: the router picks the decode replica as the request
+arrives (``mini_lb.select_pair`` posts it to both servers at once), the decode replica pre-allocates the
+prompt's KV first come first served, keeping ``reserved_tokens`` free for every request it runs, holds in
+its queue or has pre-allocated (``DecodePreallocQueue.pop_preallocated``, ``_allocatable_tokens``), and
+only then may the prefill start (the prefill server's bootstrap queue holds the request until the decode
+side is ready: ``prefill.py``, "Life cycle of a request"); the transfer starts when the prefill ends.
+
 A preempted request on the decode pool recomputes there (both engines). KV is held on the prefill
 side from admission to the transfer's end, on the decode side from allocation to completion.
 The compiled core has no transfer: a disaggregated scenario runs on this SimPy engine, and the run
@@ -49,8 +56,8 @@ from batchsim.sim.engine import Cluster, Replica, queue_full
 from batchsim.sim.state import COMPLETED, REJECTED, Seq
 from batchsim.sim.types import Workload
 
-__all__ = ["LinkSpec", "KVLink", "DisaggCluster", "Livelock", "TRANSFER_MODES", "FIRST_TOKEN", "TRANSFER_COLUMNS",
-           "LIVELOCK_PREEMPTIONS"]
+__all__ = ["LinkSpec", "KVLink", "DisaggCluster", "Livelock", "TRANSFER_MODES", "FIRST_TOKEN", "PAIRING",
+           "TRANSFER_COLUMNS", "LIVELOCK_PREEMPTIONS"]
 
 LIVELOCK_PREEMPTIONS = 1000
 """A decode-pool request preempted this many times is in a livelock (module docstring): the run stops."""
@@ -62,10 +69,13 @@ class Livelock(RuntimeError):
 
 TRANSFER_MODES = ("per_request", "per_layer")
 FIRST_TOKEN = ("prefill", "decode")
+PAIRING = ("after_prefill", "at_arrival")
 
 # The per-request columns a disaggregated run adds (seconds; NaN where the request never got there)
-TRANSFER_COLUMNS = ("prefill_replica", "prefill_admitted", "prefill_end", "transfer_start", "transfer_end",
-                    "decode_admitted", "kv_transfer_bytes")
+TRANSFER_COLUMNS = ("prefill_replica", "decode_blocks", "prefill_admitted", "prefill_end", "transfer_start",
+                    "transfer_end", "decode_admitted", "kv_transfer_bytes")
+# (decode_blocks: when the decode replica took the request's blocks: after the prefill with pairing
+# after_prefill, before it with at_arrival)
 
 
 @dataclass(frozen=True)
@@ -154,9 +164,14 @@ class DisaggCluster(Cluster):
 
     def __init__(self, env: simpy.Environment, replicas: Sequence[Replica], route: Callable,
                  decode: Sequence[Replica], decode_route: Callable, link: KVLink, workload: Workload,
-                 kv_bytes_per_token: float, first_token: str = "prefill", max_queue_len: int | None = None) -> None:
+                 kv_bytes_per_token: float, first_token: str = "prefill", max_queue_len: int | None = None,
+                 pairing: str = "after_prefill", reserved_tokens: int = 0) -> None:
         if first_token not in FIRST_TOKEN:
             raise ValueError(f"first_token must be one of {FIRST_TOKEN}, got {first_token!r}")
+        if pairing not in PAIRING or reserved_tokens < 0:
+            raise ValueError(f"pairing must be one of {PAIRING} and reserved_tokens >= 0, got {pairing!r}, "
+                             f"{reserved_tokens}")
+        self.pairing, self.reserved_tokens = pairing, int(reserved_tokens)
         self.decode = list(decode)
         self.decode_route, self.link = decode_route, link
         self.kv_bytes_per_token, self.first_token = float(kv_bytes_per_token), first_token
@@ -165,6 +180,8 @@ class DisaggCluster(Cluster):
         n = len(workload)
         self.seq: dict[int, Seq] = {}  # rid -> the request's record, while it is on its way
         self.alloc: list[deque] = [deque() for _ in self.decode]  # (waiting for decode blocks)
+        self.bound = [0] * len(self.decode)  # at_arrival: requests holding decode blocks, not yet arrived there
+        self.paired: dict[int, int] = {}  # at_arrival: rid -> its decode replica's place in the pool
         self.in_transit: set[int] = set()
         self.flying = [0] * len(self.decode)  # transfers on the link to each decode replica
         self.livelocked: list[int] = []
@@ -176,7 +193,7 @@ class DisaggCluster(Cluster):
             r.on_done = self._prefill_ended
             r.counted = "prefill pool: prompt+first token"  # (it runs a request for one token)
         for r in self.decode:
-            r.after_plan = self._admit_transfers
+            r.after_plan = self._take_blocks
             r.on_done = self._end if workload.closed is not None else None
 
     # -- arrival: the request and its prefill ---------------------------------------------------
@@ -197,9 +214,29 @@ class DisaggCluster(Cluster):
         if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
             return self._refuse(seq, replica, queue_full(self.max_queue_len))
         self.seq[rid] = seq
+        if self.pairing == "at_arrival":  # (the decode side first: the prefill waits for its blocks)
+            pf = Seq(rid, t, prompt, 1, seq.prefix_hashes)
+            if replica.refusal(pf) is not None:  # (refused there at once, by the prefill pool's own rule)
+                replica.enqueue(pf)
+                return seq
+            pos = self.decode_route(self._pools, seq)
+            self._pools[pos].inbound += 1
+            self.paired[rid] = pos
+            self.in_transit.add(rid)
+            self.alloc[pos].append((seq, replica, self._hold(seq, self.decode[pos]), math.nan, t))
+            self._take_blocks(self.decode[pos])
+            return seq
         # (the prefill pool runs it as a request for one token, as vLLM's proxy sends it)
         replica.enqueue(Seq(rid, t, prompt, 1, seq.prefix_hashes))
         return seq
+
+    def _hold(self, seq: Seq, replica: Replica) -> int:
+        """The tokens a decode replica holds for a transferred request before its first decode step: the
+        prompt's KV and one token more (first_token: decode recomputes the last prompt token: the
+        prompt's); a reservation to completion (admission 'completion') is taken whole."""
+        if getattr(getattr(replica.policy, "config", None), "admission", "") == "completion":
+            return seq.prompt_tokens + seq.output_tokens
+        return seq.prompt_tokens + (1 if self.first_token == "prefill" else 0)
 
     def _refuse(self, seq: Seq, replica: Replica, reason: str) -> Seq:
         seq.status, seq.reason = REJECTED, reason
@@ -212,6 +249,14 @@ class DisaggCluster(Cluster):
         if pf.status != REJECTED:
             return
         seq = self.seq.pop(pf.rid)
+        pos = self.paired.pop(pf.rid, None)
+        if pos is not None:  # (at_arrival: the decode blocks it was given go back)
+            dst = self.decode[pos]
+            self.bound[pos] -= 1
+            self._pools[pos].inbound -= 1
+            self.in_transit.discard(pf.rid)
+            dst.release_kv(pf.rid)
+            self._take_blocks(dst)
         seq.status, seq.reason, seq.replica = REJECTED, pf.reason, pf.replica
         seq.num_preemptions += pf.num_preemptions
         if self.workload.closed is not None:
@@ -227,33 +272,40 @@ class DisaggCluster(Cluster):
         col["prefill_admitted"][rid] = pf.admitted
         col["prefill_end"][rid] = now
         src = self.replicas[self._prefill_pos[pf.replica]]
+        if self.pairing == "at_arrival":  # (its decode blocks are held: the transfer starts now)
+            pos = self.paired.pop(rid)
+            self._transfer(seq, src, pos, src.step_start, now)
+            return
         pos = self.decode_route(self._pools, seq)
         pool = self._pools[pos]
         pool.inbound += 1
         self.in_transit.add(rid)
-        # the decode step after the transfer holds the prompt's KV and one token more (first_token: decode
-        # recomputes the last prompt token: the prompt's)
-        hold = seq.prompt_tokens + (1 if self.first_token == "prefill" else 0)
-        if getattr(getattr(pool.replica.policy, "config", None), "admission", "") == "completion":
-            hold = seq.prompt_tokens + seq.output_tokens  # (a reservation to completion is taken whole)
-        self.alloc[pos].append((seq, src, hold, src.step_start, now))
-        self._admit_transfers(pool.replica)
+        self.alloc[pos].append((seq, src, self._hold(seq, pool.replica), src.step_start, now))
+        self._take_blocks(pool.replica)
+
+    def _take_blocks(self, replica: Replica) -> None:
+        """A decode replica's plan may have freed blocks: the waiting requests take them (the pairing's
+        rule), after the livelock check."""
+        waiting = replica.waiting
+        if waiting and waiting[0].num_preemptions >= LIVELOCK_PREEMPTIONS:
+            self.livelocked.append(replica.index)
+            raise Livelock(f"decode replica {replica.index} livelocked at {self.env.now:.6g} s: request "
+                           f"{waiting[0].rid} was preempted {LIVELOCK_PREEMPTIONS} times")
+        if self.pairing == "at_arrival":
+            self._preallocate(replica)
+        else:
+            self._admit_transfers(replica)
 
     def _admit_transfers(self, replica: Replica) -> None:
         """Take decode blocks for the waiting transfers, first come first served, as they are free and
         as vLLM's scheduler reaches them: behind every request already in the replica's queue, so
         not while a preempted request (which holds no KV) waits there for its blocks."""
         pos = replica.index - self.decode[0].index
-        waiting = replica.waiting
-        if waiting and waiting[0].num_preemptions >= LIVELOCK_PREEMPTIONS:
-            self.livelocked.append(replica.index)
-            raise Livelock(f"decode replica {replica.index} livelocked at {self.env.now:.6g} s: request "
-                           f"{waiting[0].rid} was preempted {LIVELOCK_PREEMPTIONS} times")
         queue = self.alloc[pos]
         if not queue:
             return
         kv, now = replica.kv, self.env.now
-        if any(kv.held(s.rid) == 0 for s in waiting):
+        if any(kv.held(s.rid) == 0 for s in replica.waiting):
             return
         while queue:
             seq, src, hold, step_start, prefill_end = queue[0]
@@ -261,16 +313,51 @@ class DisaggCluster(Cluster):
                 return
             queue.popleft()
             kv.grow(seq.rid, hold)
-            nbytes = seq.prompt_tokens * self.kv_bytes_per_token
+            self.col["decode_blocks"][seq.rid] = now
             # (per_layer overlaps the prefill only if the blocks were free when it ended)
-            overlap = (step_start, prefill_end) if now == prefill_end else None
-            start, end = self.link.transfer(self._prefill_pos[src.index], pos, nbytes, now, overlap)
-            self.col["transfer_start"][seq.rid] = start
-            self.col["kv_transfer_bytes"][seq.rid] = nbytes
-            self.flying[pos] += 1
-            self.env.process(self._arrive(seq, src, replica, end, hold))
+            self._transfer(seq, src, pos, step_start, prefill_end)
 
-    def _arrive(self, seq: Seq, src: Replica, dst: Replica, end: float, hold: int):
+    def _preallocate(self, replica: Replica) -> None:
+        """pairing at_arrival: the requests paired with this decode replica take their blocks first come
+        first served while ``blocks x block_size + reserved_tokens`` of each fits in what is free less
+        ``reserved_tokens`` for every request the replica runs, holds in its queue or has pre-allocated,
+        and the first that does not fit stops the pass (SGLang's ``DecodePreallocQueue.pop_preallocated``);
+        not while a preempted request waits there without its KV (SGLang resumes retracted requests
+        first). A request that has its blocks enters its prefill replica's queue."""
+        pos = replica.index - self.decode[0].index
+        queue = self.alloc[pos]
+        if not queue:
+            return
+        kv, now, reserve = replica.kv, self.env.now, self.reserved_tokens
+        if any(kv.held(s.rid) == 0 for s in replica.waiting):
+            return
+        allocatable = (kv.free_blocks * kv.block_size
+                       - reserve * (len(replica.running) + len(replica.waiting) + self.bound[pos]))
+        while queue:
+            seq, src, hold, _, sent = queue[0]
+            need = kv.blocks_needed(seq, hold)
+            if need * kv.block_size + reserve > allocatable:
+                return
+            queue.popleft()
+            kv.grow(seq.rid, hold)
+            allocatable -= need * kv.block_size + reserve
+            self.bound[pos] += 1
+            self.col["decode_blocks"][seq.rid] = now
+            # (bootstrapped: the prefill replica runs it as a request for one token)
+            src.enqueue(Seq(seq.rid, sent, seq.prompt_tokens, 1, seq.prefix_hashes))
+
+    def _transfer(self, seq: Seq, src: Replica, pos: int, step_start: float, prefill_end: float) -> None:
+        """The request's KV onto the link to decode replica ``pos``: it holds its blocks there."""
+        now = self.env.now
+        nbytes = seq.prompt_tokens * self.kv_bytes_per_token
+        overlap = (step_start, prefill_end) if now == prefill_end else None
+        start, end = self.link.transfer(self._prefill_pos[src.index], pos, nbytes, now, overlap)
+        self.col["transfer_start"][seq.rid] = start
+        self.col["kv_transfer_bytes"][seq.rid] = nbytes
+        self.flying[pos] += 1
+        self.env.process(self._arrive(seq, src, self.decode[pos], end))
+
+    def _arrive(self, seq: Seq, src: Replica, dst: Replica, end: float):
         if end > self.env.now:
             yield self.env.timeout(end - self.env.now)
         end = self.env.now  # (the clock's own sum, which every later stamp is compared with)
@@ -281,6 +368,8 @@ class DisaggCluster(Cluster):
         pos = dst.index - self.decode[0].index
         self._pools[pos].inbound -= 1
         self.flying[pos] -= 1
+        if self.pairing == "at_arrival":
+            self.bound[pos] -= 1  # (from here it is in the replica's queue, or done)
         self.seq.pop(rid)
         p = seq.prompt_tokens
         if self.first_token == "prefill":  # (the prefill's token arrives with the KV: SGLang)
@@ -291,7 +380,7 @@ class DisaggCluster(Cluster):
                 dst.release_kv(rid)  # (and wake it: a request there may be waiting for these blocks)
                 if dst.on_done is not None:
                     dst.on_done(seq)
-                self._admit_transfers(dst)
+                self._take_blocks(dst)
                 return
         else:  # (the decode side recomputes the last prompt token and samples the first: vLLM)
             seq.num_computed = p - 1
@@ -314,8 +403,11 @@ class DisaggCluster(Cluster):
         requests queued behind a preempted one that cannot get its blocks back: a first-come-first-
         served queue (vLLM's scheduler breaks at the first request it cannot allocate) stops at its
         head, and the transferred requests' blocks are never freed."""
-        idle = [r.index for r, n in zip(self.decode, self.flying)
-                if (r.running or r.waiting) and not n and r._wake is not None]
+        # (pairing at_arrival: a paired request that cannot take its blocks from an idle replica with
+        # nothing on its way to it never will: its prompt and the reserve exceed what the replica has)
+        unpaired = [self.pairing == "at_arrival" and bool(q) and not b for q, b in zip(self.alloc, self.bound)]
+        idle = [r.index for r, n, u in zip(self.decode, self.flying, unpaired)
+                if (r.running or r.waiting or u) and not n and r._wake is not None]
         return sorted(set(idle + self.livelocked))
 
     def transfer_columns(self, requests) -> dict[str, np.ndarray]:
