@@ -28,7 +28,8 @@ from tests.engine_helpers import ConstantCost, workload
 
 def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_request", layers=2,
                first_token="prefill", kv_bytes=10.0, prefill_blocks=1000, decode_blocks=1000, block_size=16,
-               decode_policy=None, horizon=None, cost=None, pairing="after_prefill", reserved=0):
+               decode_policy=None, horizon=None, cost=None, pairing="after_prefill", reserved=0,
+               prefill_policy=None):
     """The engine alone: constant-time steps, a link of ``bandwidth`` bytes/s per GPU."""
     from batchsim.app.runner import _itl_records
 
@@ -37,7 +38,8 @@ def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_
     totals = StepTotals(prefill + decode)
     steps = StepStream(totals, frame)
     cost = cost or ConstantCost(1.0)
-    pre = [Replica(env, i, create_policy({"name": "continuous"}), cost, PagedKVCache(prefill_blocks, block_size),
+    pre = [Replica(env, i, create_policy(prefill_policy or {"name": "continuous"}), cost,
+                   PagedKVCache(prefill_blocks, block_size),
                    100_000, steps, TokenSteps()) for i in range(prefill)]
     dec = [Replica(env, prefill + j, create_policy(decode_policy or {"name": "continuous"}), cost,
                    PagedKVCache(decode_blocks, block_size), 100_000, steps, TokenSteps()) for j in range(decode)]
@@ -163,19 +165,24 @@ def test_a_stall_with_a_running_request_is_reported():
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 20), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25),
-       st.sampled_from(["prefill", "decode"]), st.sampled_from(["per_request", "per_layer"]),
+       st.sampled_from(["prefill", "decode"]), st.sampled_from(["per_request", "per_layer", "per_chunk"]),
        st.integers(1, 3), st.integers(1, 3), st.integers(3, 60),
-       st.sampled_from([("after_prefill", 0), ("at_arrival", 0), ("at_arrival", 16), ("at_arrival", 100)]))
-def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks, pairing):
+       st.sampled_from([("after_prefill", 0), ("at_arrival", 0), ("at_arrival", 16), ("at_arrival", 100)]),
+       st.booleans())
+def test_properties(reqs, first_token, mode, n_pre, n_dec, decode_blocks, pairing, chunked):
     """Every completed request's KV crosses the link once, no request decodes before its transfer
     ends, and every request is accounted for across the pools; with pairing at_arrival, no prefill
     starts before its decode blocks are taken."""
+    if mode == "per_chunk":  # (chunks go to blocks taken before the prefill)
+        pairing = ("at_arrival", pairing[1])
     reqs = sorted(reqs)
     wl = workload([r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs])
     req, steps, itl, cluster = run_disagg(wl, prefill=n_pre, decode=n_dec, mode=mode, first_token=first_token,
                                           decode_blocks=decode_blocks, bandwidth=500.0, latency=0.1,
                                           cost=ConstantCost(0.2, per_token=0.001), pairing=pairing[0],
-                                          reserved=pairing[1])
+                                          reserved=pairing[1], prefill_policy={
+                                              "name": "chunked_prefill", "max_num_batched_tokens": 64,
+                                              "max_num_seqs": 8} if chunked else None)
     assert len(req) == len(reqs)  # conservation: every arrival has a record
     done = req[req.status == "completed"]
     rejected = req[req.status == "rejected"]
@@ -608,3 +615,24 @@ def test_pairing_scenario_fields_and_errors():
         scenario_from_dict({**base, "disaggregation": {"reserved_decode_tokens": 64}}, "t")
     with pytest.raises(InputError, match="pairing"):
         scenario_from_dict({**base, "disaggregation": {"pairing": "later"}}, "t")
+
+
+def test_per_chunk_sends_each_chunk_as_its_step_ends():
+    """SGLang's send_kv_chunk, worked by hand: a 20-token prompt prefilled in chunks of 8, 8 and 4 (1 s
+    steps, a token budget of 8), blocks of 4 tokens, 10 B/token over 40 B/s, 0.5 s latency. The first
+    chunk's 80 B leave at 1 ([1,3]), the second's when the link frees ([3,5]), the last 4 tokens when the
+    prefill ends at 3, behind them ([5,6]): the KV is in at 6.5, its first token too. per_request sends
+    200 B from 3: [3,8] -> 8.5; per_layer (2 layers) from the last step's start 2: max(2+5, 3+2.5) = 7 -> 7.5."""
+    wl = workload([0.0], [20], [2])
+    kw = dict(block_size=4, bandwidth=40.0, latency=0.5, pairing="at_arrival",
+              prefill_policy={"name": "chunked_prefill", "max_num_batched_tokens": 8, "max_num_seqs": 4})
+    req, *_, cluster = run_disagg(wl, mode="per_chunk", **kw)
+    r = req.loc[0]
+    assert (r.prefill_end, r.transfer_start, r.transfer_end, r.first_token) == (3.0, 1.0, 6.5, 6.5)
+    assert r.kv_transfer_bytes == 200.0 and cluster.link.bytes == 200.0 and cluster.link.transfers == 1
+    assert cluster.link.out_busy == [5.0]
+    assert req.loc[0].transfer_end == 6.5
+    assert run_disagg(wl, mode="per_request", **kw)[0].loc[0].transfer_end == 8.5
+    assert run_disagg(wl, mode="per_layer", **kw)[0].loc[0].transfer_end == 7.5
+    with pytest.raises(ValueError, match="pairing at_arrival"):
+        run_disagg(wl, mode="per_chunk", **{**kw, "pairing": "after_prefill"})

@@ -121,9 +121,11 @@ class LinkConfig(NoBoolNumbers):
                                  "a replica has tensor_parallel_size of them")
     latency_us: float = Field(10.0, ge=0, le=1e9, description="per transfer, after its last byte is sent (RDMA setup, "
                                                       "the completion notice)")
-    transfer: Literal["per_request", "per_layer"] = Field(
+    transfer: Literal["per_request", "per_layer", "per_chunk"] = Field(
         "per_request", description="per_request: the prompt's KV is read when its prefill ends (vLLM's NIXL "
-                                   "connector); per_layer: each layer's KV leaves as it is computed (Splitwise)")
+                                   "connector); per_layer: each layer's KV leaves as it is computed (Splitwise); "
+                                   "per_chunk: each prefill chunk's KV leaves when its step ends (SGLang's "
+                                   "send_kv_chunk; needs pairing: at_arrival)")
 
 
 class DisaggregationConfig(NoBoolNumbers):
@@ -149,6 +151,10 @@ class DisaggregationConfig(NoBoolNumbers):
 
     @model_validator(mode="after")
     def _reserve_needs_prealloc(self) -> "DisaggregationConfig":
+        if self.link.transfer == "per_chunk" and self.pairing != "at_arrival":
+            raise ValueError("link.transfer per_chunk sends each prefill chunk to decode blocks allocated before "
+                             "the prefill: it needs pairing: at_arrival (SGLang's way), not "
+                             f"{self.pairing!r}")
         if "reserved_decode_tokens" in self.model_fields_set and self.pairing != "at_arrival":
             raise ValueError(f"reserved_decode_tokens ({self.reserved_decode_tokens}) is the decode pool's reserve "
                              "when it pre-allocates at arrival; it does nothing with pairing "

@@ -21,7 +21,9 @@ The mechanism, as the engines that ship it run it (docs/disaggregation.md gives 
    done and the decode blocks are held (vLLM's NIXL read). ``per_layer``: a layer's KV leaves as the
    layer finishes, so the transfer can start when the prompt's last prefill step does and ends one
    layer's worth after the prefill at the earliest (Splitwise; SGLang sends each chunk's KV as it
-   is computed). The prefill replica's blocks are freed at the transfer's end.
+   is computed). ``per_chunk`` (SGLang, with ``pairing: at_arrival``): each prefill chunk's whole
+   blocks leave when its step ends (``send_kv_chunk``), the rest with the prompt's last step. The
+   prefill replica's blocks are freed at the transfer's end.
 5. The request joins the decode replica's waiting queue holding its KV, and that pool's policy
    runs it like any other. ``first_token: prefill`` (SGLang): the token sampled on the prefill
    replica travels with the KV and reaches the client when the transfer ends, so TTFT = queue +
@@ -67,7 +69,7 @@ class Livelock(RuntimeError):
     """A decode replica can no longer make progress however long it runs (:meth:`DisaggCluster.stalled`).
     (One message argument: SimPy re-raises a process's exception as ``type(e)(*e.args)``.)"""
 
-TRANSFER_MODES = ("per_request", "per_layer")
+TRANSFER_MODES = ("per_request", "per_layer", "per_chunk")
 FIRST_TOKEN = ("prefill", "decode")
 PAIRING = ("after_prefill", "at_arrival")
 
@@ -81,7 +83,7 @@ TRANSFER_COLUMNS = ("prefill_replica", "decode_blocks", "prefill_admitted", "pre
 @dataclass(frozen=True)
 class LinkSpec:
     """The KV-transfer link: ``bandwidth`` bytes/s per GPU (each GPU its own NIC), ``latency_s``
-    per transfer, ``mode`` per_request | per_layer, ``layers`` (per_layer: the model's)."""
+    per transfer, ``mode`` per_request | per_layer | per_chunk, ``layers`` (per_layer: the model's)."""
 
     bandwidth: float
     latency_s: float
@@ -111,10 +113,12 @@ class KVLink:
         self.bytes = 0.0
 
     def transfer(self, src: int, dst: int, nbytes: float, ready: float,
-                 overlap: tuple[float, float] | None = None) -> tuple[float, float]:
+                 overlap: tuple[float, float] | None = None, last: bool = True) -> tuple[float, float]:
         """Book a transfer of ``nbytes`` from prefill replica ``src`` to decode replica ``dst``, the
         KV ready to send at ``ready``; ``overlap`` (per_layer: the prompt's last prefill step's
-        start and end) lets it start with that step. Returns (start, arrival)."""
+        start and end) lets it start with that step. ``last``: False for a per_chunk send before the
+        prompt's last one (its bytes and busy time count; the request's transfer is the last send's).
+        Returns (start, arrival)."""
         spec = self.spec
         wire = nbytes / min(self.out_bw[src], self.in_bw[dst])
         free = max(self.out_free[src], self.in_free[dst])
@@ -129,7 +133,7 @@ class KVLink:
         self.out_free[src] = self.in_free[dst] = done
         self.out_busy[src] += done - start
         self.in_busy[dst] += done - start
-        self.transfers += 1
+        self.transfers += int(last)
         self.bytes += nbytes
         return start, done + spec.latency_s
 
@@ -171,7 +175,12 @@ class DisaggCluster(Cluster):
         if pairing not in PAIRING or reserved_tokens < 0:
             raise ValueError(f"pairing must be one of {PAIRING} and reserved_tokens >= 0, got {pairing!r}, "
                              f"{reserved_tokens}")
+        if link.spec.mode == "per_chunk" and pairing != "at_arrival":
+            raise ValueError("per_chunk transfers need pairing at_arrival: a chunk is sent to decode blocks "
+                             "allocated before the prefill")
         self.pairing, self.reserved_tokens = pairing, int(reserved_tokens)
+        self.sent_tokens: dict[int, int] = {}  # per_chunk: rid -> prompt tokens already sent
+        self.first_send: dict[int, float] = {}  # per_chunk: rid -> when its first chunk left
         self.decode = list(decode)
         self.decode_route, self.link = decode_route, link
         self.kv_bytes_per_token, self.first_token = float(kv_bytes_per_token), first_token
@@ -192,6 +201,8 @@ class DisaggCluster(Cluster):
             r.handoff = self._handoff
             r.on_done = self._prefill_ended
             r.counted = "prefill pool: prompt+first token"  # (it runs a request for one token)
+            if link.spec.mode == "per_chunk":
+                r.after_plan = self._send_chunks
         for r in self.decode:
             r.after_plan = self._take_blocks
             r.on_done = self._end if workload.closed is not None else None
@@ -255,6 +266,8 @@ class DisaggCluster(Cluster):
             self.bound[pos] -= 1
             self._pools[pos].inbound -= 1
             self.in_transit.discard(pf.rid)
+            self.sent_tokens.pop(pf.rid, None)
+            self.first_send.pop(pf.rid, None)
             dst.release_kv(pf.rid)
             self._take_blocks(dst)
         seq.status, seq.reason, seq.replica = REJECTED, pf.reason, pf.replica
@@ -346,14 +359,32 @@ class DisaggCluster(Cluster):
             # (bootstrapped: the prefill replica runs it as a request for one token)
             src.enqueue(Seq(seq.rid, sent, seq.prompt_tokens, 1, seq.prefix_hashes))
 
+    def _send_chunks(self, replica: Replica) -> None:
+        """per_chunk: after a prefill replica's step, each of its requests still prefilling sends the whole
+        blocks its chunks have computed and not yet sent (SGLang's ``send_kv_chunk`` for the chunked
+        request: a last partial page waits for the next send); the rest leaves with the last chunk."""
+        now, bs, src = self.env.now, replica.kv.block_size, self._prefill_pos[replica.index]
+        for pf in replica.running:
+            pos = self.paired.get(pf.rid)
+            if pos is None:
+                continue
+            end = pf.num_computed - pf.num_computed % bs
+            done = self.sent_tokens.get(pf.rid, 0)
+            if end > done:  # (a request preempted and recomputing sends only what is new)
+                start, _ = self.link.transfer(src, pos, (end - done) * self.kv_bytes_per_token, now, last=False)
+                self.sent_tokens[pf.rid] = end
+                self.first_send.setdefault(pf.rid, start)
+
     def _transfer(self, seq: Seq, src: Replica, pos: int, step_start: float, prefill_end: float) -> None:
-        """The request's KV onto the link to decode replica ``pos``: it holds its blocks there."""
-        now = self.env.now
-        nbytes = seq.prompt_tokens * self.kv_bytes_per_token
+        """The request's KV onto the link to decode replica ``pos``: it holds its blocks there (per_chunk:
+        what its earlier chunks did not send)."""
+        now, rid = self.env.now, seq.rid
+        left = seq.prompt_tokens - self.sent_tokens.pop(rid, 0)
         overlap = (step_start, prefill_end) if now == prefill_end else None
-        start, end = self.link.transfer(self._prefill_pos[src.index], pos, nbytes, now, overlap)
-        self.col["transfer_start"][seq.rid] = start
-        self.col["kv_transfer_bytes"][seq.rid] = nbytes
+        start, end = self.link.transfer(self._prefill_pos[src.index], pos, left * self.kv_bytes_per_token, now,
+                                        overlap)
+        self.col["transfer_start"][rid] = self.first_send.pop(rid, start)
+        self.col["kv_transfer_bytes"][rid] = seq.prompt_tokens * self.kv_bytes_per_token
         self.flying[pos] += 1
         self.env.process(self._arrive(seq, src, self.decode[pos], end))
 
