@@ -29,7 +29,7 @@ from tests.engine_helpers import ConstantCost, workload
 def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_request", layers=2,
                first_token="prefill", kv_bytes=10.0, prefill_blocks=1000, decode_blocks=1000, block_size=16,
                decode_policy=None, horizon=None, cost=None, pairing="after_prefill", reserved=0,
-               prefill_policy=None):
+               prefill_policy=None, prefill_router="round_robin", max_queue_len=None):
     """The engine alone: constant-time steps, a link of ``bandwidth`` bytes/s per GPU."""
     from batchsim.app.runner import _itl_records
 
@@ -45,8 +45,8 @@ def run_disagg(wl, prefill=1, decode=1, bandwidth=100.0, latency=0.5, mode="per_
                    PagedKVCache(decode_blocks, block_size), 100_000, steps, TokenSteps()) for j in range(decode)]
     link = KVLink(LinkSpec(bandwidth, latency, mode, layers), [1] * prefill, [1] * decode)
     rng = np.random.default_rng(0)
-    cluster = DisaggCluster(env, pre, make_router("round_robin", rng), dec, make_router("round_robin", rng),
-                            link, wl, kv_bytes, first_token, pairing=pairing, reserved_tokens=reserved)
+    cluster = DisaggCluster(env, pre, make_router(prefill_router, rng), dec, make_router("round_robin", rng),
+                            link, wl, kv_bytes, first_token, max_queue_len, pairing=pairing, reserved_tokens=reserved)
     try:
         env.run(until=horizon)
     except Livelock:
@@ -636,3 +636,19 @@ def test_per_chunk_sends_each_chunk_as_its_step_ends():
     assert run_disagg(wl, mode="per_layer", **kw)[0].loc[0].transfer_end == 7.5
     with pytest.raises(ValueError, match="pairing at_arrival"):
         run_disagg(wl, mode="per_chunk", **{**kw, "pairing": "after_prefill"})
+
+
+def test_pairing_at_arrival_counts_the_bootstrap_queue_for_routing_and_queue_limits():
+    """A request waiting for its decode blocks waits in its prefill replica's bootstrap queue: a
+    load-aware prefill router counts it there (six requests at 0 over two prefill replicas behind
+    least_outstanding alternate, as with after_prefill, instead of piling onto the first), and so
+    does max_queue_len."""
+    wl = workload([0.0] * 6, [20] * 6, [3] * 6)
+    req, *_ = run_disagg(wl, prefill=2, decode_blocks=4, pairing="at_arrival", prefill_router="least_outstanding")
+    assert list(req.prefill_replica) == [0, 1, 0, 1, 0, 1]
+    # one prefill replica, a queue of 2, decode room for one: r0 takes the blocks and waits for its
+    # prefill, r1 waits in the bootstrap queue, r2 finds the two and is refused, as after_prefill's queue
+    for pairing in ("at_arrival", "after_prefill"):
+        req, *_ = run_disagg(wl, decode_blocks=2, pairing=pairing, max_queue_len=2)
+        assert list(req.status) == ["completed"] * 2 + ["rejected"] * 4
+        assert set(req.reason[req.status == "rejected"]) == {"queue full (2 waiting)"}

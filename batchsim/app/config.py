@@ -124,8 +124,9 @@ class LinkConfig(NoBoolNumbers):
     transfer: Literal["per_request", "per_layer", "per_chunk"] = Field(
         "per_request", description="per_request: the prompt's KV is read when its prefill ends (vLLM's NIXL "
                                    "connector); per_layer: each layer's KV leaves as it is computed (Splitwise); "
-                                   "per_chunk: each prefill chunk's KV leaves when its step ends (SGLang's "
-                                   "send_kv_chunk; needs pairing: at_arrival)")
+                                   "per_chunk: the whole blocks each prefill chunk computed leave when its step "
+                                   "ends, the rest with the last (SGLang's send_kv_chunk; needs pairing: "
+                                   "at_arrival)")
 
 
 class DisaggregationConfig(NoBoolNumbers):

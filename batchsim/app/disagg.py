@@ -200,13 +200,14 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     if stalled:
         first = made["decode"][0].index
         stuck = sum(len(r.waiting) + len(r.running) for r in made["decode"] if r.index in stalled)
-        unpaired = sum(len(cluster.alloc[i - first]) for i in stalled)
+        # (with at_arrival, requests paired with a stalled replica that never got its blocks)
+        unpaired = sum(len(cluster.alloc[i - first]) for i in stalled) if d.pairing == "at_arrival" else 0
         how = (f"{livelock}, and the run stopped at {env.now:.6g} s" if livelock is not None else
                "idle with requests it cannot schedule, and nothing left to free their blocks")
         why = ("Their KV is held by transferred requests queued behind a preempted one that cannot get its "
                "blocks back (a first-come-first-served queue, as vLLM's, stops at its head)")
         if unpaired and not stuck:
-            how = f"{unpaired} request(s) paired with them wait for blocks they can never free"
+            how = f"{unpaired} request(s) paired with them wait for blocks that will never be freed"
             why = (f"The first needs its prompt's KV and reserved_decode_tokens ({d.reserved_decode_tokens}) more "
                    "than the replica holds (pairing at_arrival pre-allocates first come first served)")
         summary.setdefault("warnings", []).append(

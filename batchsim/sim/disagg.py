@@ -20,8 +20,7 @@ The mechanism, as the engines that ship it run it (docs/disaggregation.md gives 
    arrives ``latency_s`` after its last byte leaves. ``per_request``: it starts when the prompt is
    done and the decode blocks are held (vLLM's NIXL read). ``per_layer``: a layer's KV leaves as the
    layer finishes, so the transfer can start when the prompt's last prefill step does and ends one
-   layer's worth after the prefill at the earliest (Splitwise; SGLang sends each chunk's KV as it
-   is computed). ``per_chunk`` (SGLang, with ``pairing: at_arrival``): each prefill chunk's whole
+   layer's worth after the prefill at the earliest (Splitwise). ``per_chunk`` (SGLang, with ``pairing: at_arrival``): each prefill chunk's whole
    blocks leave when its step ends (``send_kv_chunk``), the rest with the prompt's last step. The
    prefill replica's blocks are freed at the transfer's end.
 5. The request joins the decode replica's waiting queue holding its KV, and that pool's policy
@@ -138,14 +137,30 @@ class KVLink:
         return start, done + spec.latency_s
 
 
+class _Backlog:
+    """What a router reads of a queue it cannot see whole: its length (a replica's waiting queue and
+    the requests routed to it that wait in front of it)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class _RouterView:
-    """A decode replica as its pool's router sees it: its load counts the requests routed to it that
-    are still on their way (waiting for blocks or on the link), and ``index`` is its place in the pool."""
+    """A replica as its pool's router sees it: its load counts the requests routed to it that are not
+    in its own queue yet (``inbound``: a decode replica's on their way, waiting for blocks or on the
+    link; a prefill replica's, with pairing at_arrival, waiting for their decode blocks in its
+    bootstrap queue), and ``index`` is its place in the pool. ``backlog`` is the requests of
+    ``inbound`` that count as waiting there (those not holding its blocks yet)."""
 
-    __slots__ = ("replica", "index", "inbound")
+    __slots__ = ("replica", "index", "inbound", "backlog")
 
-    def __init__(self, replica: Replica, index: int) -> None:
-        self.replica, self.index, self.inbound = replica, index, 0
+    def __init__(self, replica: Replica, index: int, backlog: Sequence | None = None) -> None:
+        self.replica, self.index, self.inbound, self.backlog = replica, index, 0, backlog
 
     @property
     def outstanding(self) -> int:
@@ -157,7 +172,9 @@ class _RouterView:
 
     @property
     def waiting(self):
-        return self.replica.waiting
+        if self.backlog is None:
+            return self.replica.waiting
+        return _Backlog(len(self.replica.waiting) + len(self.backlog))
 
 
 class DisaggCluster(Cluster):
@@ -184,11 +201,13 @@ class DisaggCluster(Cluster):
         self.decode = list(decode)
         self.decode_route, self.link = decode_route, link
         self.kv_bytes_per_token, self.first_token = float(kv_bytes_per_token), first_token
-        self._pools = [_RouterView(r, i) for i, r in enumerate(self.decode)]
+        self.alloc: list[deque] = [deque() for _ in self.decode]  # (waiting for decode blocks)
+        self._pools = [_RouterView(r, i, q) for i, (r, q) in enumerate(zip(self.decode, self.alloc))]
+        # (at_arrival: a prefill replica's router counts the requests in its bootstrap queue)
+        self._prefill_views = [_RouterView(r, i) for i, r in enumerate(replicas)] if pairing == "at_arrival" else None
         self._prefill_pos = {r.index: i for i, r in enumerate(replicas)}
         n = len(workload)
         self.seq: dict[int, Seq] = {}  # rid -> the request's record, while it is on its way
-        self.alloc: list[deque] = [deque() for _ in self.decode]  # (waiting for decode blocks)
         self.bound = [0] * len(self.decode)  # at_arrival: requests holding decode blocks, not yet arrived there
         self.paired: dict[int, int] = {}  # at_arrival: rid -> its decode replica's place in the pool
         self.in_transit: set[int] = set()
@@ -214,7 +233,8 @@ class DisaggCluster(Cluster):
         prompt, output = self._prompt[rid], self._output[rid]
         seq = Seq(rid, t, prompt, output, hashes[rid] if hashes is not None else None)
         self.requests.append(seq)
-        pos = self.route(self.replicas, seq)
+        views = self._prefill_views
+        pos = self.route(self.replicas if views is None else views, seq)
         replica = self.replicas[pos]
         seq.replica = replica.index
         self.col["prefill_replica"][rid] = replica.index
@@ -222,7 +242,9 @@ class DisaggCluster(Cluster):
         why = next((w for r in self.decode if (w := r.refusal(seq)) is not None), None)
         if why is not None:
             return self._refuse(seq, replica, why)
-        if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
+        # (at_arrival: the requests in its bootstrap queue wait there too)
+        queued = len(replica.waiting) + (views[pos].inbound if views is not None else 0)
+        if self.max_queue_len is not None and queued >= self.max_queue_len:
             return self._refuse(seq, replica, queue_full(self.max_queue_len))
         self.seq[rid] = seq
         if self.pairing == "at_arrival":  # (the decode side first: the prefill waits for its blocks)
@@ -230,6 +252,7 @@ class DisaggCluster(Cluster):
             if replica.refusal(pf) is not None:  # (refused there at once, by the prefill pool's own rule)
                 replica.enqueue(pf)
                 return seq
+            views[pos].inbound += 1  # (in the prefill replica's bootstrap queue)
             pos = self.decode_route(self._pools, seq)
             self._pools[pos].inbound += 1
             self.paired[rid] = pos
@@ -357,6 +380,7 @@ class DisaggCluster(Cluster):
             self.bound[pos] += 1
             self.col["decode_blocks"][seq.rid] = now
             # (bootstrapped: the prefill replica runs it as a request for one token)
+            self._prefill_views[self._prefill_pos[src.index]].inbound -= 1
             src.enqueue(Seq(seq.rid, sent, seq.prompt_tokens, 1, seq.prefix_hashes))
 
     def _send_chunks(self, replica: Replica) -> None:
