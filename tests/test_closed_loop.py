@@ -174,3 +174,16 @@ def test_a_concurrency_sweep_finds_where_throughput_levels_off(tmp_path):
     assert f.loc[f["concurrency"] == 128, "median_ttft_ms"].iloc[0] > 2 * f.loc[f["concurrency"] == 64, "median_ttft_ms"].iloc[0]
     with pytest.raises(InputError, match="--concurrency"):
         sweep(sc, None, ["chunked_prefill"], seeds=1, concurrency=[1000], show_progress=False)
+
+
+def test_a_closed_loop_cut_short_without_a_horizon_does_not_blame_the_horizon():
+    """Clients that stop because their requests never end (a stalled replica) are not 'stopped by
+    horizon_s' when no horizon was set."""
+    from batchsim.app.runner import _closed_loop_warnings
+    from batchsim.sim.table import Table
+
+    req = Table({"status": np.array(["completed"], dtype=object)})
+    wl = type("W", (), {"__len__": lambda self: 5})()
+    assert _closed_loop_warnings(req, wl, 3, None) == [
+        "the clients stopped, each waiting on a request that never ended: 3 of 5 requests were sent"]
+    assert _closed_loop_warnings(req, wl, 3, 10.0) == ["horizon_s stopped the clients: 3 of 5 requests were sent"]

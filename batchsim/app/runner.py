@@ -375,7 +375,8 @@ def conclude(scenario: Scenario, parts: Parts, requests, itl: ItlRecords, now: f
     summary = summarize(requests, step_totals, itl, totals_of(sim_end), policy=policy_name,
                         slo=scenario.slo.limits())
     if workload.closed is not None:
-        summary.setdefault("warnings", []).extend(_closed_loop_warnings(requests, workload, n_sent))
+        summary.setdefault("warnings", []).extend(_closed_loop_warnings(requests, workload, n_sent,
+                                                                        scenario.horizon_s))
     return requests, step_df, itl, summary, sim_end
 
 
@@ -444,11 +445,14 @@ def _frontend_horizon(requests: Table, itl: ItlRecords, sent: np.ndarray, worklo
     return add_latencies(req), itl
 
 
-def _closed_loop_warnings(requests: Table, workload: Workload, sent: int) -> list[str]:
+def _closed_loop_warnings(requests: Table, workload: Workload, sent: int, horizon: float | None) -> list[str]:
     """What a closed loop's clients did that its numbers alone do not show."""
     out = []
     if sent < len(workload):
-        out.append(f"horizon_s stopped the clients: {sent} of {len(workload)} requests were sent")
+        # (without a horizon the run ended because every client waits on a request that never ends:
+        # a stalled replica, which its own warning names)
+        why = "horizon_s stopped the clients" if horizon is not None else "the clients stopped, each waiting on a request that never ended"
+        out.append(f"{why}: {sent} of {len(workload)} requests were sent")
     rejected = int((requests["status"] == "rejected").sum()) if len(requests) else 0
     if rejected:
         out.append(f"{rejected} requests rejected in a closed loop: a rejected request frees its client at once, "
