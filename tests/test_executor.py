@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batchsim.calibrate.executor import ExecutorReplica, ReferenceModel, Row, phantom_rows  # noqa: E402
+from batchsim.calibrate.executor import ReferenceModel, Row, phantom_rows  # noqa: E402
+from batchsim.calibrate.replica import ExecutorReplica  # noqa: E402
 from batchsim.calibrate.models import ModelSpec, load_model  # noqa: E402
 from batchsim.app.config import scenario_from_dict  # noqa: E402
 from batchsim.sim.errors import InputError  # noqa: E402

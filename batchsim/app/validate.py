@@ -408,7 +408,7 @@ def _scenario(model: str, profile: str, dtype: str, policy: dict, requests: int,
 
 def _executor_runs(scenario, parts, model, repeats: int, step_repeats: int) -> tuple[list, list]:
     """``repeats`` executor runs of one scenario; their results and step records."""
-    from batchsim.calibrate.executor import ExecutorReplica
+    from batchsim.calibrate.replica import ExecutorReplica
     from batchsim.app.runner import simulate
 
     results, log = [], []

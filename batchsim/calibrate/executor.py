@@ -6,13 +6,13 @@ sizes from a :class:`~batchsim.calibrate.models.ModelSpec`) built from the kerne
 *step* at a time: rows of ``q`` new tokens over ``kv`` cached ones, packed
 into one token batch for the GEMMs (as vLLM does), attention per row group.
 
-:class:`ExecutorReplica` is a :class:`batchsim.sim.engine.Replica` whose ``price``
-hook runs the plan's rows through the model and returns the measured time
-(wall time on a GPU, the thread's CPU time on a CPU: :func:`batchsim.calibrate.kernels.clock`),
-so SimPy's clock advances by real step times and the request and step
-records come from the very same engine and policy objects as a simulation.
-Padding rows of a static batch are executed too: a member's padding extends
-its prompt row (a real padded batch), dead decode slots run as scratch rows.
+With ``graphs`` (default on CUDA) a pure-decode step runs on the static-shape
+layout of :mod:`batchsim.calibrate.graphs`, replayed from a CUDA graph on CUDA
+(eagerly on a CPU, where its logic is tested); every other step runs eager.
+``last_mode`` says which.
+
+:class:`batchsim.calibrate.replica.ExecutorReplica` drives this model with the
+simulator's engine and policies.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
+from batchsim.calibrate.graphs import DecodeGraphs, capture_size, decode_key, kv_buckets, scratch_ids
 from batchsim.calibrate.kernels import (DTYPES, KernelTimer, add_rms_norm, bucket, clock, decode_attention,
                                prefill_attention, rope_tables, rotary, silu_and_mul, synchronize, write_kv)
 from batchsim.calibrate.models import ModelSpec
-from batchsim.sim.engine import Replica
 from batchsim.sim.errors import InputError
-from batchsim.sim.types import BatchPlan, StepCost, StepShape
+from batchsim.sim.types import StepShape
 
-__all__ = ["Row", "ReferenceModel", "ExecutorReplica", "StepRecord", "phantom_rows"]
+__all__ = ["Row", "ReferenceModel", "phantom_rows"]
 
 
 class Row(NamedTuple):
@@ -49,25 +49,6 @@ class Row(NamedTuple):
     ids: Sequence[int] | None = None
 
 
-class StepRecord(NamedTuple):
-    """What the executor measured for one step, next to what the cost model predicted.
-
-    ``enqueue_s`` (wall time until the host had queued the whole step), ``wall_s``
-    and ``cpu_s`` (this thread's CPU time) tell a host-bound step (enqueue near
-    wall) from a device-bound one, and a descheduled host thread (CPU time well
-    under wall) from a busy one; ``at_ms`` is the step's start (Unix milliseconds).
-    """
-
-    measured_s: float
-    predicted_s: float
-    rows: int
-    tokens: int
-    enqueue_s: float = 0.0
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    at_ms: int = 0
-
-
 def _call(name: str, fn, *args):
     """The untimed kernel call (``step`` without a timer)."""
     return fn(*args)
@@ -83,13 +64,15 @@ class ReferenceModel:
     """A random-weight Llama (dense, gated MLP, GQA, RoPE) on ``device``.
 
     ``max_len`` bounds a sequence's KV; ``slots`` is the initial number of KV
-    slots (doubled when more rows are live). ``pad`` pads a step's token and
+    slots (doubled when more rows are live). ``pad`` pads an eager step's token and
     sample counts to :func:`batchsim.calibrate.kernels.bucket` sizes (default: on the
-    CPU, see the note there).
+    CPU, see the note there). ``graphs`` runs pure-decode steps on the static layout of
+    :mod:`batchsim.calibrate.graphs`, captured as CUDA graphs on CUDA (default: on for
+    CUDA, off for a CPU, where it runs the layout eagerly).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device, dtype: str = "bf16", *, max_len: int = 2048,
-                 slots: int = 16, seed: int = 0, pad: bool | None = None) -> None:
+                 slots: int = 16, seed: int = 0, pad: bool | None = None, graphs: bool | None = None) -> None:
         if spec.is_moe or not spec.mlp_gated or spec.attention_bias:
             raise InputError(f"the reference executor runs dense gated Llama-style models; {spec.name} is not "
                              "(MoE, ungated MLP or attention bias)", "--model")
@@ -103,6 +86,9 @@ class ReferenceModel:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.clock = clock(device)  # see batchsim.calibrate.kernels.clock: thread CPU time on a CPU
         self.pad = device.type == "cpu" if pad is None else pad
+        self.graphs = device.type == "cuda" if graphs is None else bool(graphs)
+        self.decode_graphs = DecodeGraphs(device, capture=device.type == "cuda") if self.graphs else None
+        self.last_mode, self.enqueued, self._last = "eager", 0.0, (None, [])
         d, h, hk, dh = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
         self.h, self.hk, self.dh = h, hk, dh
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -123,6 +109,8 @@ class ReferenceModel:
         self.v_cache: list[torch.Tensor] = []
         self.slot_of: dict[int, int] = {}
         self.free: list[int] = []
+        self.epoch = 0  # bumped whenever the KV slabs are reallocated (captured graphs point at them)
+        self._pad: int | None = None
         self._alloc(slots)
 
     # -- KV slots -----------------------------------------------------------------
@@ -139,6 +127,7 @@ class ReferenceModel:
                 else:
                     caches.append(new)
         self.free = list(range(slots - 1, old - 1, -1)) + self.free
+        self.epoch += 1
 
     def slot(self, key: int | None) -> int:
         """The slot of sequence ``key`` (allocated on first use); a fresh one for None."""
@@ -150,6 +139,13 @@ class ReferenceModel:
         if key is not None:
             self.slot_of[key] = s
         return s
+
+    def pad_slot(self) -> int:
+        """The slot the graph path's padding rows write their KV to and read back (held, never a
+        sequence's; taken again after :meth:`reserve` frees every slot)."""
+        if self._pad is None:
+            self._pad = self.slot(None)
+        return self._pad
 
     def release(self, keys: Sequence[int]) -> None:
         """Free the slots of finished or preempted sequences."""
@@ -185,10 +181,7 @@ class ReferenceModel:
             if r.sample_at is not None:
                 samples.append(len(ids) + r.sample_at)
                 sampled_rows.append(i)
-            # NOTE: a scratch row's tokens are spread over the vocabulary, not all id 0: identical
-            # rows flatter a GPU's GEMMs (less switching power: 894 against 788 TFLOP/s on an H200)
-            ids.extend(r.ids if r.ids is not None else
-                       [(p * 104729 + s * 7919 + 1) % self.spec.vocab_size for p in range(r.kv, r.kv + r.q)])
+            ids.extend(r.ids if r.ids is not None else scratch_ids(r.kv, r.q, s, self.spec.vocab_size))
             pos.extend(range(r.kv, r.kv + r.q))
             tok_slot.extend([s] * r.q)
         n, ns, b = len(ids), len(samples), len(dec)
@@ -204,17 +197,46 @@ class ReferenceModel:
         lens = [rows[i].kv + 1 for i in dec]
         return {"n": n, "ids": as_t(ids + [0] * (n_pad - n)), "pos": as_t(pos + [0] * (n_pad - n)),
                 "tok_slot": as_t(tok_slot), "tok_pos": as_t(pos), "samples": as_t(samples + [0] * (s_pad - ns)),
-                "sampled_rows": sampled_rows, "dec": b, "dec_slots": as_t(slots[:b]), "dec_lens": as_t(lens),
+                "picks": [(i, j) for j, i in enumerate(sampled_rows)], "dec": b, "dec_slots": as_t(slots[:b]), "dec_lens": as_t(lens),
                 "dec_max": max(lens, default=0), "pre": pre, "scratch": scratch}
 
     @torch.inference_mode()
     def step(self, rows: Sequence[Row], timer: KernelTimer | None = None) -> list[int | None]:
         """Run one step; returns each row's sampled token id (None where it does not sample).
 
-        ``timer`` (a :class:`~batchsim.calibrate.kernels.KernelTimer`) times every kernel in place.
+        ``timer`` (a :class:`~batchsim.calibrate.kernels.KernelTimer`) times every kernel in
+        place (always eager). Otherwise, with ``graphs``, a pure-decode step that fits a
+        capture size runs on the static layout (:mod:`batchsim.calibrate.graphs`);
+        ``last_mode`` says how the step ran, ``enqueued`` when the host had queued it.
         """
-        k = timer or _call
-        p = self._pack(rows)
+        key = decode_key(rows, self.cap) if self.graphs and timer is None else None
+        if key is None:
+            p = self._pack(rows)
+            out, mode = self._forward(p, timer or _call), "eager"
+        else:
+            p = self.decode_graphs.inputs_for(self, rows, key)
+            out, mode = self.decode_graphs.run(key, lambda: self._forward(p, _call))
+        self.enqueued = time.perf_counter()
+        result: list[int | None] = [None] * len(rows)
+        if out is not None and p["picks"]:
+            ids = out[1].tolist()
+            for i, j in p["picks"]:
+                result[i] = ids[j]
+        synchronize(self.device)
+        self.free.extend(p["scratch"])
+        self.last_mode, self._last = mode, (out[0] if out is not None else None, p["picks"])
+        return result
+
+    def last_logits(self) -> dict[int, torch.Tensor]:
+        """The last step's logits by row index (sampling rows only). On the graph path they are
+        the graph's output buffer, overwritten when it replays: copy what must outlive that."""
+        logits, picks = self._last
+        return {i: logits[j] for i, j in picks} if logits is not None else {}
+
+    def _forward(self, p: dict, k) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step's device work on an input layout (:meth:`_pack`'s, or the static one of
+        :meth:`batchsim.calibrate.graphs.DecodeGraphs.inputs_for`): logits and argmax ids of the
+        ``samples`` rows, None when no row samples. No host synchronisation: it may be captured."""
         n, h, hk, dh = p["n"], self.h, self.hk, self.dh
         x = k("embedding", F.embedding, p["ids"], self.embed)
         cos = self.cos.index_select(0, p["pos"]).unsqueeze(1)
@@ -242,18 +264,10 @@ class ReferenceModel:
             gate_up = k("mlp_gate_up", F.linear, y, layer["gate_up"])
             x = k("mlp_down", F.linear, k("mlp_act", silu_and_mul, gate_up), layer["down"])
         y, _ = k("norms", add_rms_norm, x, res, self.ln_f)
-        out: list[int | None] = [None] * len(rows)
-        if p["sampled_rows"]:
-            logits = k("lm_head", F.linear, y.index_select(0, p["samples"]), self.lm_head)
-            ids = logits.argmax(dim=-1)
-            self.enqueued = time.perf_counter()
-            for i, tok in zip(p["sampled_rows"], ids.tolist()):
-                out[i] = tok
-        else:
-            self.enqueued = time.perf_counter()
-        synchronize(self.device)
-        self.free.extend(p["scratch"])
-        return out
+        if not p["samples"].numel():  # (eager, no row samples; the static layout always has P)
+            return None
+        logits = k("lm_head", F.linear, y.index_select(0, p["samples"]), self.lm_head)
+        return logits, logits.argmax(dim=-1)
 
     def profile_steps(self, shapes: Sequence[StepShape], rounds: int = 5, kernels: bool = False,
                       progress=None) -> tuple[list[float], list[dict[str, list[float]]]]:
@@ -261,28 +275,43 @@ class ReferenceModel:
         after one untimed run each; with ``kernels``, every kernel's times too (all layers, rounds).
 
         With ``kernels`` each step reserves just the KV it needs (:meth:`reserve`;
-        order the shapes by KV need to keep reallocations rare).
+        order the shapes by KV need to keep reallocations rare). Whole steps run through
+        :meth:`step` as a run's do (pure decodes on the graph path with ``graphs``);
+        ``step_modes`` records how each shape's timed runs ran.
         """
         rows = [phantom_rows(s) for s in shapes]
         self.device_idle: list[float] = []  # KernelTimer.idle_fraction of every timed step (GPU)
         walls: list[list[float]] = [[] for _ in shapes]
         kern: list[dict[str, list[float]]] = [{} for _ in shapes]
+        modes: list[set[str]] = [set() for _ in shapes]
         for r in range(rounds + 1):
             for i, row in enumerate(rows):
-                self.reserve(len(row), max(x.kv + x.q for x in row), shrink=kernels)
+                # (one slot more than the rows: the graph path's padding rows hold one)
+                self.reserve(len(row) + 1, max(x.kv + x.q for x in row), shrink=kernels)
                 if kernels and r:  # NOTE: a separate timed run: the timer's own cost stays out of the wall time
                     timer = KernelTimer(self.device)
                     self.step(row, timer)
                     for name, ts in timer.times().items():
                         kern[i].setdefault(name, []).extend(ts)
                     self.device_idle.append(timer.idle_fraction())
+                if r and self._would_capture(row):
+                    self.step(row)  # NOTE: untimed: a reserve() above dropped the graphs; capture first
                 t0 = self.clock()
                 self.step(row)
-                if r:  # round 0 warms up (JIT, first touch)
+                if r:  # round 0 warms up (JIT, first touch, graph capture)
                     walls[i].append(self.clock() - t0)
+                    modes[i].add(self.last_mode)
                 if progress:
                     progress(r * len(rows) + i + 1, (rounds + 1) * len(rows))
+        self.step_modes = ["+".join(sorted(m)) for m in modes]
         return [sorted(w)[len(w) // 2] for w in walls], kern
+
+    def _would_capture(self, rows: Sequence[Row]) -> bool:
+        """Whether :meth:`step` would capture a CUDA graph for these rows (none is held for
+        their key, or the KV slabs were reallocated since)."""
+        g = self.decode_graphs
+        key = decode_key(rows, self.cap) if g is not None and g.capture else None
+        return key is not None and (g.epoch != self.epoch or key not in g.graphs)
 
     def time_steps(self, shapes: Sequence[StepShape], rounds: int = 5) -> list[float]:
         """Median wall time of each synthetic step shape (see :meth:`profile_steps`)."""
@@ -299,15 +328,17 @@ class ReferenceModel:
             raise RuntimeError("reserve() with live sequences")
         self.k_cache.clear()
         self.v_cache.clear()
-        self.free, self.cap = [], max(cap, 1)
+        self.free, self.cap, self._pad = [], max(cap, 1), None
         if self.cap > len(self.cos):
             self.cos, self.sin = rope_tables(self.cap, self.dh, self.device, self.dtype)
         self._alloc(max(slots, 1))
 
-    def warm_up(self, max_tokens: int, max_rows: int, max_prompt: int = 0) -> None:
+    def warm_up(self, max_tokens: int, max_rows: int, max_prompt: int = 0, graph_rows: int = 0) -> None:
         """Compile what a run will meet, then run a few steps: on the CPU every padded GEMM
         size up to ``max_tokens`` rows, causal attention of every prompt length up to
-        ``max_prompt`` and decode attention over every context the KV slabs hold.
+        ``max_prompt`` and decode attention over every context the KV slabs hold. On CUDA
+        with graphs, capture every decode graph of up to ``graph_rows`` rows over every KV
+        bucket the slabs hold (:meth:`capture_decodes`).
 
         NOTE: CPU SDPA compiles its kernels per shape too: a prompt length seen for
         the first time cost 0.5-6 ms more than its next run (thread time), most of a
@@ -327,6 +358,32 @@ class ReferenceModel:
         kv, q = min(64, self.cap - 1), min(128, self.cap)
         shapes = [StepShape.of([(1, kv)] * b) for b in (1, 4, 16)] + [StepShape.of([(n, 0)]) for n in (min(16, q), q)]
         self.profile_steps(shapes, rounds=1)
+        if graph_rows:
+            self.capture_decodes(graph_rows)
+
+    def capture_decodes(self, rows: int) -> int:
+        """Capture the decode graph of every capture size holding up to ``rows`` rows over every KV
+        bucket the slabs hold (a no-op without CUDA graphs); returns how many were captured.
+
+        NOTE: eagerly, for this bounded set, not lazily on first use: a run's decode steps
+        then replay from their first step, and no timed step pays a capture (a validation's
+        untimed pass covers one policy only). A graph outlives only as long as the KV slabs
+        it writes: the slabs are grown for the largest batch first, since growing them
+        later drops every graph.
+        """
+        g = self.decode_graphs
+        if g is None or not g.capture:
+            return 0
+        top = capture_size(rows) or rows
+        held = [self.slot(None) for _ in range(top + 1)]  # (grow now, before any capture)
+        self.free.extend(reversed(held))
+        self.pad_slot()
+        before = g.captured
+        for size in sorted({capture_size(b) for b in range(1, top + 1)} - {None}, reverse=True):
+            for kv in kv_buckets(self.cap):
+                if kv > 1:
+                    self.step([Row(None, 1, kv - 1, 0)] * size)
+        return g.captured - before
 
     def _warm_gemms(self, max_tokens: int, max_rows: int) -> None:
         layer, d = self.layers[0], self.spec.hidden_size
@@ -338,66 +395,3 @@ class ReferenceModel:
             F.linear(torch.zeros(n, self.spec.intermediate_size, device=self.device, dtype=self.dtype), layer["down"])
             if n <= bucket(max_rows):
                 F.linear(x, self.lm_head)
-
-
-class ExecutorReplica(Replica):
-    """A replica whose steps run on :class:`ReferenceModel` and take their measured time."""
-
-    def __init__(self, *args, model: ReferenceModel, log: list[StepRecord], repeats: int = 1, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.model, self.log, self.repeats = model, log, repeats
-        self.tokens: dict[int, list[int]] = {}
-
-    def _sync(self) -> None:
-        """Free the KV slots and token lists of sequences that stopped running or left."""
-        live = {s.rid for s in self.running}
-        self.model.release([k for k in self.model.slot_of if k not in live])
-        for rid in [r for r in self.tokens if r not in self.seqs]:
-            del self.tokens[rid]
-
-    def _rows(self, plan: BatchPlan) -> list[Row]:
-        """The plan's rows; a padding row (q, kv=p) extends the member prompt row (p, 0)."""
-        rows, vocab = [], self.model.spec.vocab_size
-        for rid, q in plan.num_tokens.items():
-            seq = self.seqs[rid]
-            toks = self.tokens.get(rid)
-            if toks is None:
-                toks = self.tokens[rid] = [(rid * 7919 + i * 104729) % vocab for i in range(seq.prompt_tokens)]
-            kv = seq.num_computed
-            sample = q - 1 if kv + q == seq.num_tokens else None
-            rows.append(Row(rid, q, kv, sample, toks[kv:kv + q]))
-        for pq, pkv, samples in plan.padding:
-            host = next((i for i, r in enumerate(rows) if r.kv == 0 and r.q == pkv and r.key is not None
-                         and len(r.ids) == r.q), None)
-            if host is not None and not samples and pq > 0:
-                r = rows[host]
-                rows[host] = r._replace(q=r.q + pq, ids=list(r.ids) + [0] * pq)
-            elif pq > 0:
-                rows.append(Row(None, pq, pkv, pq - 1 if samples else None))
-        return rows
-
-    def price(self, plan: BatchPlan, shape: StepShape) -> StepCost:
-        """Run the step for real; its cost is the measured time (work and split from the cost model).
-
-        With ``repeats`` > 1 the step runs that many times (a re-run is
-        idempotent: same tokens, same KV positions) and costs the median run.
-        """
-        times = []
-        for _ in range(self.repeats):
-            at, c0, w0 = int(time.time() * 1000), time.thread_time(), time.perf_counter()
-            t0 = self.model.clock()
-            self._sync()
-            rows = self._rows(plan)
-            sampled = self.model.step(rows)
-            t1 = self.model.clock()
-            times.append((t1 - t0, self.model.enqueued - w0, time.perf_counter() - w0, time.thread_time() - c0, at))
-        seconds, enqueue, wall, cpu, at = sorted(times)[len(times) // 2]
-        for r, tok in zip(rows, sampled):
-            if tok is not None and r.key is not None:
-                self.tokens[r.key].append(tok)
-        pred = self.cost.price(shape)
-        self.log.append(StepRecord(seconds, pred.seconds, shape.num_rows, shape.num_tokens, enqueue, wall, cpu, at))
-        k = seconds / pred.seconds if pred.seconds > 0 else 0.0
-        return StepCost(seconds=seconds, flops=pred.flops, bytes=pred.bytes, compute_s=pred.compute_s * k,
-                        memory_s=pred.memory_s * k, network_s=pred.network_s * k, overhead_s=pred.overhead_s * k,
-                        out_of_range=pred.out_of_range)
