@@ -216,3 +216,42 @@ def test_gpu_warm_up_captures_every_decode_graph_a_run_can_meet():
     rows = [Row(None, 1, kv, 0) for kv in (3, 20, 40)]
     model.step(rows)
     assert model.last_mode == "graph" and model.decode_graphs.captured == n
+
+
+def test_calibration_evidence_keeps_how_each_whole_step_ran(tmp_path):
+    from batchsim.app.validate import fit_calibration, read_evidence, write_evidence
+
+    samples, facts = read_evidence("docs/validation-h200/calibration")  # (recorded eager: no modes)
+    old = fit_calibration(samples, dict(facts))
+    assert "eager PyTorch" in old.profile.provenance["host_overhead"] and "mode" not in old.host_steps[0]
+    modes = ["graph" if decode_key(phantom_rows(s), 1 << 20) else "eager" for s, _, _ in facts["steps"]]
+    g = {"graphs": True, "capture": True, "captured": 7, "capture_s": 0.25, "steps": {"eager": 1, "graph": 2}}
+    cal = fit_calibration(samples, dict(facts, step_modes=modes, graphs=g))
+    assert "replayed from CUDA graphs" in cal.profile.provenance["host_overhead"]
+    assert "replayed from CUDA graphs" in cal.profile.description
+    assert cal.profile.provenance["calibration"]["executor_steps"] == g
+    assert [s["mode"] for s in cal.host_steps] == modes and {"graph", "eager"} <= set(modes)
+    write_evidence(cal, tmp_path)
+    again, back = read_evidence(tmp_path)
+    assert back["step_modes"] == modes and back["graphs"] == g
+    assert fit_calibration(again, back).profile.provenance == cal.profile.provenance
+
+
+def test_validate_outputs_say_how_each_step_ran(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from batchsim.app.validate import validate, write_validation
+
+    v = validate("cpu", "batchsim/calibrate/profiles/h200-bf16.yaml", model="tiny-llama", policies=["continuous"],
+                 requests=4, rate=20.0, step_repeats=1, graphs=True)
+    g = v.meta["executor_steps"]
+    assert g["graphs"] is True and g["capture"] is False and g["captured"] == g["captured_at_warm_up"] == 0
+    modes = [r.mode for r in v.logs["continuous"]]
+    assert v.steps["continuous"]["modes"] == g["steps"] == {m: modes.count(m) for m in ("eager", "static")}
+    write_validation(v, tmp_path)
+    steps = pd.read_csv(tmp_path / "continuous" / "executor_steps.csv")
+    assert steps["mode"].tolist() == modes
+    assert pd.read_csv(tmp_path / "continuous" / "executor_step_times.csv")["mode"].tolist() == modes
+    assert json.loads((tmp_path / "validate.json").read_text())["meta"]["executor_steps"] == g

@@ -72,9 +72,15 @@ class _Threads:
 
 
 def _measure(K, dev, dtype: str, specs: list[ModelSpec], quick: bool, rounds: int | None,
-             tick: Progress) -> tuple[list[Sample], dict]:
-    """Peaks and launch latency, then every kernel of the plan's steps, timed in place, per model."""
+             tick: Progress, graphs: bool | None = None) -> tuple[list[Sample], dict]:
+    """Peaks and launch latency, then every kernel of the plan's steps, timed in place, per model.
+
+    The first model's whole steps (the host overhead's evidence) run through
+    :meth:`ReferenceModel.step` with ``graphs`` as validation's do, so the profile is
+    fitted on the code whose steps it then predicts; kernels are timed eagerly.
+    """
     from batchsim.calibrate.executor import ReferenceModel
+    from batchsim.calibrate.graphs import summary
 
     plan = plan_steps(dev.type, quick)
     rounds = rounds or (7 if quick else 15)
@@ -89,12 +95,15 @@ def _measure(K, dev, dtype: str, specs: list[ModelSpec], quick: bool, rounds: in
     samples: list[Sample] = []
     for j, spec in enumerate(specs):
         done = 3 + j * (rounds + 1) * len(plan)
-        model = ReferenceModel(spec, dev, dtype, max_len=256, slots=8)
+        # NOTE: only the first model's whole-step walls are used: the others run eager, sparing captures
+        model = ReferenceModel(spec, dev, dtype, max_len=256, slots=8, graphs=graphs if j == 0 else False)
         walls, kernels = model.profile_steps([s for s, _ in plan], rounds, kernels=True, progress=lambda n, _: tick(
             done + n, total, f"{spec.name}: {rounds} rounds of {len(plan)} steps"))
         samples += samples_of(spec, plan, kernels, dtype)
         if j == 0:
             facts["steps"] = [(shape, held, wall) for (shape, held), wall in zip(plan, walls)]
+            facts["step_modes"] = model.step_modes
+            facts["graphs"] = summary(model, model.step_modes)
             if dev.type == "cuda":  # did the hold keep the device queued? (KernelTimer.idle_fraction)
                 idle = np.array(model.device_idle)
                 facts["device_idle"] = {"median": float(np.median(idle)), "p90": float(np.percentile(idle, 90)),
@@ -105,13 +114,16 @@ def _measure(K, dev, dtype: str, specs: list[ModelSpec], quick: bool, rounds: in
 
 def calibrate_device(device: str = "cpu", dtype: str = "bf16", quick: bool = False,
                      models: Sequence[str] | None = None, threads: int | None = 1, name: str | None = None,
-                     progress: Progress | None = None, rounds: int | None = None) -> Calibration:
+                     progress: Progress | None = None, rounds: int | None = None,
+                     graphs: bool | None = None) -> Calibration:
     """Time the kernels on ``device``, fit the profile and the host overhead, score held-out kernels.
 
     ``models`` give the shapes (default: tiny-llama on the CPU, llama-3-8b on
     a GPU); the first one's whole steps also fit the host overhead. ``threads``
     pins torch's CPU threads (None: leave as is). ``rounds``: timed rounds of
     the plan (default 15, 7 with ``quick``; CUDA events need fewer than a shared CPU).
+    ``graphs``: the whole steps' pure decodes on the executor's graph path (default:
+    on CUDA; see :class:`batchsim.calibrate.executor.ReferenceModel`).
     """
     from batchsim.calibrate import kernels as K
 
@@ -124,7 +136,7 @@ def calibrate_device(device: str = "cpu", dtype: str = "bf16", quick: bool = Fal
     specs = [load_model(m) for m in (models or DEFAULT_MODELS[dev.type])]
     tick = progress or (lambda done, total, label: None)
     with _Threads(threads if dev.type == "cpu" else None):
-        samples, f = _measure(K, dev, dtype, specs, quick, rounds, tick)
+        samples, f = _measure(K, dev, dtype, specs, quick, rounds, tick, graphs)
     f.update(device=K.device_name(dev), software=K.software_versions(dev), quick=quick, dtype=dtype,
              models=[m.name for m in specs], kind=dev.type, memory_gib=_memory_gib(dev),
              date=datetime.date.today().isoformat())
@@ -171,9 +183,11 @@ def fit_calibration(samples: list[Sample], f: dict, name: str | None = None, sec
     host = fit_host([s for s, _ in train], [w for _, w in train], [cm.price(s).seconds for s, _ in train])
     profile = _assemble(profile.name, eff, f, host, profile.memory_gib)
     cm = RooflineCostModel(spec, profile, dtype=dtype)
+    modes = f.get("step_modes") or [None] * len(f["steps"])  # (evidence from before the graph path: none)
     steps = [{"step": i, **dict(zip(("rows", "tokens", "context"), step_size(s))),
-              "held_out": held, "measured_s": w, "predicted_s": cm.price(s).seconds}
-             for i, (s, held, w) in enumerate(f["steps"])]
+              "held_out": held, "measured_s": w, "predicted_s": cm.price(s).seconds,
+              **({"mode": mode} if mode is not None else {})}
+             for i, ((s, held, w), mode) in enumerate(zip(f["steps"], modes))]
     held = held_out_error(profile, samples, dtype)
     held["steps"] = _step_error(steps)
     cal = dict(profile.provenance["calibration"], held_out_error=held)
@@ -182,7 +196,7 @@ def fit_calibration(samples: list[Sample], f: dict, name: str | None = None, sec
 
 
 _FACTS = ("peak", "bw", "launch", "device", "software", "dtype", "quick", "models", "kind", "memory_gib", "date")
-_OPTIONAL_FACTS = ("launch_on", "device_idle", "note")
+_OPTIONAL_FACTS = ("launch_on", "device_idle", "graphs", "note")
 
 
 def write_evidence(cal: Calibration, out: str | Path) -> dict[str, Path]:
@@ -306,6 +320,8 @@ def read_evidence(folder: str | Path) -> tuple[list[Sample], dict]:
                              f"{paths['steps.csv']}:{line}")
         steps.append((shape, held, float(r.measured_s)))
     facts["steps"] = steps
+    if "mode" in st.columns:  # (how each whole step ran: eager, static, graph; absent in older evidence)
+        facts["step_modes"] = [str(m) for m in st["mode"]]
     return samples, facts
 
 
@@ -332,7 +348,11 @@ def _memory_gib(dev) -> float:
 
 def _assemble(name: str, eff: dict[str, Efficiency], f: dict, host: HostOverhead, memory_gib: float) -> HardwareProfile:
     """The profile, with a source for every figure."""
+    from batchsim.calibrate.graphs import describe
+
     dt = f["dtype"]
+    path = describe(f.get("graphs"))  # (evidence from before the graph path: eager, worded as it was then)
+    steps = "eager PyTorch steps" if path == "eager PyTorch" else f"steps ({path})"
 
     def raised(measured: float, used: float, unit: str) -> str:
         if used <= measured * 1.0001:
@@ -348,18 +368,19 @@ def _assemble(name: str, eff: dict[str, Efficiency], f: dict, host: HostOverhead
         "launch_latency": f"measured: median per-call time of empty one-element launches, {f['launch'] * 1e6:.3g} us"
                           f"{' (device time, back to back)' if f.get('launch_on') == 'device' else ''}.",
         "host_overhead": f"fitted: per-step, per-sequence and decode-step time of whole {f['models'][0]} steps "
-                         "(reference executor, eager PyTorch) beyond the sum of their kernels' predicted times.",
+                         f"(reference executor, {path}) beyond the sum of their kernels' predicted times.",
         "efficiency": "fitted by batchsim calibrate: per operator class (and per elementwise operator) compute and "
                       "memory curves, as fractions of the measured peaks above, minimising absolute log error over "
                       f"every kernel timed in place inside whole steps of {', '.join(f['models'])} (reference "
                       "executor); every other size and the o_proj GEMM shape are held out.",
         "calibration": {"device": f["device"], "software": f["software"], "dtype": dt, "quick": f["quick"],
                         "models": f["models"], "date": f["date"],
-                        **({"device_idle_between_kernels": f["device_idle"]} if "device_idle" in f else {})},
+                        **({"device_idle_between_kernels": f["device_idle"]} if "device_idle" in f else {}),
+                        **({"executor_steps": f["graphs"]} if "graphs" in f else {})},
     }
     return HardwareProfile(
         name=name, description=f"{f['device']} ({dt}), calibrated by batchsim: kernel times from this device, host "
-                               "overhead from the reference executor's eager PyTorch steps", calibrated=True,
+                               f"overhead from the reference executor's {steps}", calibrated=True,
         peak_tflops={dt: round(f["P"] / 1e12, 6)}, memory_gib=round(memory_gib, 2),
         hbm_bandwidth_gbs=round(f["W"] / 1e9, 3),
         interconnect={"name": "none (not measured)", "bandwidth_gbs": 1.0, "latency_us": 0.0, "efficiency": 1.0},
@@ -431,13 +452,15 @@ def _step_summary(log: list, executed: list) -> dict:
     return {"steps": len(log), "busy_fraction": float(np.median([r.summary["busy_fraction"] for r in executed])),
             "median_abs_error": float(np.median(np.abs(err))),
             "median_error": float(np.median(err)), "total_error": float(pred.sum() / meas.sum() - 1.0),
-            "measured_s": float(meas.sum()), "predicted_s": float(pred.sum())}
+            "measured_s": float(meas.sum()), "predicted_s": float(pred.sum()),
+            "modes": {m: sum(r.mode == m for r in log) for m in sorted({r.mode for r in log})}}
 
 
 def validate(device: str = "cpu", profile: str | Path = "", model: str | None = None,
              policies: Sequence[str] = tuple(POLICIES), requests: int = 60, rate: float = 4.0, seed: int = 0,
              repeats: int = 1, step_repeats: int = 3, threads: int | None = 1, tol_p50: float | None = None,
-             tol_p99: float | None = TOL_P99, progress: Progress | None = None) -> Validation:
+             tol_p99: float | None = TOL_P99, progress: Progress | None = None,
+             graphs: bool | None = None) -> Validation:
     """Run the workload through the executor and the simulator for each policy; compare.
 
     Tolerances bound |simulated / measured - 1| for TTFT and TPOT (E2E is
@@ -445,9 +468,13 @@ def validate(device: str = "cpu", profile: str | Path = "", model: str | None = 
     ``repeats`` executor runs per policy (metrics: their median); each executed
     step runs ``step_repeats`` times and costs its median run (a re-run is
     idempotent; first-run kernel compilation and bursts of contention stay out).
+    ``graphs``: pure-decode steps on the executor's graph path (default: on CUDA;
+    :class:`batchsim.calibrate.executor.ReferenceModel`); meta and each policy's
+    step summary say how the steps ran.
     """
     from batchsim.calibrate import kernels as K
     from batchsim.calibrate.executor import ReferenceModel
+    from batchsim.calibrate.graphs import summary
     from batchsim.app.runner import build_parts, simulate
 
     dev = K.resolve_device(device)
@@ -476,8 +503,10 @@ def validate(device: str = "cpu", profile: str | Path = "", model: str | None = 
                 wl = parts.workload
                 # NOTE: a static batch's dead slots decode at the longest prompt plus the longest output
                 longest = int(wl.prompt_tokens.max() + wl.output_tokens.max())
-                ref = ReferenceModel(spec, dev, dtype, max_len=longest + 8, slots=32)
-                ref.warm_up(8 * int(wl.prompt_tokens.max()), 32, max_prompt=int(wl.prompt_tokens.max()))
+                ref = ReferenceModel(spec, dev, dtype, max_len=longest + 8, slots=32, graphs=graphs)
+                ref.warm_up(8 * int(wl.prompt_tokens.max()), 32, max_prompt=int(wl.prompt_tokens.max()),
+                            graph_rows=_decode_rows(policies))
+                warm = summary(ref, [])
                 # NOTE: and one untimed pass over the workload: the first policy measured
                 # ran 15-30% slow without it (shapes first met mid-run), later ones did not.
                 _executor_runs(sc, parts, ref, 1, 1)
@@ -489,7 +518,15 @@ def validate(device: str = "cpu", profile: str | Path = "", model: str | None = 
             rows += _compare(name, executed, simulated, tol_p50, tol_p99)
             steps[name] = _step_summary(log, executed)
         tick(len(policies), len(policies), "done")
+    if ref is not None:  # (how the timed steps ran, and what the warm-up captured)
+        meta["executor_steps"] = dict(summary(ref, [r.mode for log in logs.values() for r in log]),
+                                      captured_at_warm_up=warm["captured"])
     return Validation(meta, rows, steps, runs, logs)
+
+
+def _decode_rows(policies: Sequence[str]) -> int:
+    """The largest decode batch the policies can run: the decode graphs a warm-up captures."""
+    return max(max(POLICIES[p].get("max_num_seqs", 0), POLICIES[p].get("max_batch_size", 0)) for p in policies)
 
 
 class _Recorded:
@@ -606,7 +643,11 @@ def write_validation(v: Validation, out: str | Path) -> dict[str, Path]:
             write_csv(out / policy / _requests_name(i), r.requests)
         write_csv(out / policy / "simulator_requests.csv", run["simulator"].requests)
         if run["executor"]:
-            write_csv(out / policy / "executor_steps.csv", run["executor"][0].steps)
+            steps = run["executor"][0].steps
+            log = v.logs.get(policy) or []
+            if len(log) >= len(steps):  # (how each step ran: the first run's records lead the log)
+                steps = steps.assign(mode=[r.mode for r in log[:len(steps)]])
+            write_csv(out / policy / "executor_steps.csv", steps)
         if v.logs.get(policy):
             write_csv(out / policy / "executor_step_times.csv", pd.DataFrame([r._asdict() for r in v.logs[policy]]))
     atomic_write_bytes(files["validate.png"], _plot(v))

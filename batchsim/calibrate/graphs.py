@@ -42,7 +42,7 @@ import torch
 from batchsim.calibrate.kernels import bucket
 
 __all__ = ["CAPTURE_SIZES", "KV_MIN", "KV_PER_OCTAVE", "MODES", "capture_size", "kv_bucket", "kv_buckets",
-           "decode_key", "scratch_ids", "DecodeGraphs"]
+           "decode_key", "scratch_ids", "DecodeGraphs", "summary", "describe"]
 
 # vLLM's default CUDA-graph capture sizes: [1, 2, 4], multiples of 8 below 256, then multiples
 # of 16 up to max_cudagraph_capture_size = min(2 * max_num_seqs, 512) (1024 on data-centre
@@ -207,3 +207,24 @@ class DecodeGraphs:
         self.captured += 1
         self.seconds += time.perf_counter() - t0
         return graph, out
+
+
+def summary(model, modes: Sequence[str]) -> dict:
+    """How a model ran its steps, for facts.json, profile provenance and validate.json:
+    ``graphs`` (pure decodes on the static layout), ``capture`` (as CUDA graphs; on a CPU
+    the layout runs eagerly), graphs ``captured`` so far and their host seconds
+    (``capture_s``), and the count of ``modes`` (one per step) by mode."""
+    g = model.decode_graphs
+    return {"graphs": model.graphs, "capture": bool(g is not None and g.capture),
+            "captured": g.captured if g is not None else 0,
+            "capture_s": round(g.seconds, 3) if g is not None else 0.0,
+            "steps": {m: list(modes).count(m) for m in sorted(set(modes))}}
+
+
+def describe(facts: dict | None) -> str:
+    """The executor's step path in words, from :func:`summary`'s dict (None: before graphs existed)."""
+    if facts and facts.get("graphs") and facts.get("capture"):
+        return "pure-decode steps replayed from CUDA graphs, other steps eager PyTorch"
+    if facts and facts.get("graphs"):
+        return "eager PyTorch, pure-decode steps on the CUDA-graph path's static layout (not captured)"
+    return "eager PyTorch"

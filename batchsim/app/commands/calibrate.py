@@ -21,6 +21,9 @@ BENCH_P50_TOL = 0.10  # validate --bench: the TTFT/TPOT p50 error #22 asks a cal
 
 DeviceOpt = Annotated[str, typer.Option(help="where to run the kernels: cpu, cuda or cuda:<index>")]
 ThreadsOpt = Annotated[int, typer.Option(min=0, help="torch CPU threads while timing (0: leave torch's default)")]
+GraphsOpt = Annotated[Optional[bool], typer.Option(
+    "--graphs/--no-graphs", help="run the reference executor's pure-decode steps from CUDA graphs (default: on for "
+    "cuda, off for cpu, where --graphs runs their static layout uncaptured); the outputs record how each step ran")]
 
 
 def _need_torch() -> None:
@@ -55,6 +58,7 @@ def calibrate_command(
     threads: ThreadsOpt = 1,
     rounds: Annotated[Optional[int], typer.Option(min=1, help="timed rounds of every step (default 15, 7 with --quick)")] = None,
     evidence: Annotated[Optional[Path], typer.Option(help="folder for the measurements behind the profile: kernels.csv, steps.csv, facts.json")] = None,
+    graphs: GraphsOpt = None,
     refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed; the device, dtype, model and timing options are then those recorded)")] = None,
     from_bench: Annotated[Optional[list[Path]], typer.Option("--from-bench", help="fit the host and frontend overhead terms from a real engine's benchmark output instead (repeatable): vllm bench serve --save-result --save-detailed JSON, GuideLLM benchmarks.json, genai-perf profile_export.json; no device, no torch")] = None,
     hardware: Annotated[str, typer.Option(help="with --from-bench: the profile the engine ran on (name or path); its terms are the starting point")] = "h100-sxm",
@@ -83,7 +87,7 @@ def calibrate_command(
         bar, tick = _progress("calibrating")
         with bar:
             cal = calibrate_device(device, dtype, quick=quick, models=model, threads=threads or None, name=name,
-                                   progress=tick, rounds=rounds)
+                                   progress=tick, rounds=rounds, graphs=graphs)
     save_hardware(cal.profile, out)
     if evidence is not None:
         from batchsim.app.validate import write_evidence
@@ -100,6 +104,13 @@ def calibrate_command(
     parts = ", ".join(f"{c} {v['median']:.1%}" for c, v in held.items() if c != "overall")
     console.print(f"held-out kernel error (median |predicted/measured - 1|): {held['overall']['median']:.1%} "
                   f"over {held['overall']['n']} kernels ({parts})")
+    g = cal.facts.get("graphs")
+    if g:
+        from batchsim.calibrate.graphs import describe
+
+        modes = ", ".join(f"{n} {m}" for m, n in g["steps"].items())
+        console.print(f"whole steps ({describe(g)}): {modes}"
+                      + (f"; {g['captured']} graphs captured in {g['capture_s']:.1f} s" if g["capture"] else ""))
     idle = cal.facts.get("device_idle")
     if idle:
         console.print(f"device idle between timed kernels: median {idle['median']:.1%}, p90 {idle['p90']:.1%}"
@@ -195,6 +206,7 @@ def validate_command(
     p50_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p50 (default 0.15 cpu, 0.10 gpu; with --bench 0.10)")] = None,
     p99_tol: Annotated[Optional[float], typer.Option(min=0.0, help="tolerance on TTFT/TPOT p99 (default 0.25, batchsim.app.validate.TOL_P99; with --replay, the recorded one)")] = None,
     threads: ThreadsOpt = 1,
+    graphs: GraphsOpt = None,
     replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
     bench: Annotated[Optional[list[Path]], typer.Option("--bench", help="compare with a real engine's benchmark output instead (repeatable; the formats of calibrate --from-bench): its own requests through the simulator with --profile")] = None,
     tp: Annotated[int, typer.Option(min=1, help="with --bench: tensor-parallel size of the benchmarked deployment")] = 1,
@@ -252,7 +264,8 @@ def validate_command(
             v = validate(device, profile, model=model,
                          policies=[p.strip() for p in policies.split(",") if p.strip()], requests=requests,
                          rate=rate, seed=seed, repeats=repeats, step_repeats=step_repeats, threads=threads or None,
-                         tol_p50=p50_tol, tol_p99=TOL_P99 if p99_tol is None else p99_tol, progress=tick)
+                         tol_p50=p50_tol, tol_p99=TOL_P99 if p99_tol is None else p99_tol, progress=tick,
+                         graphs=graphs)
     files = write_validation(v, out)
     table = Table(title=f"{v.meta['model']} on {v.meta['device_name']}: simulated vs measured (ms)")
     for col in ("policy", "metric", "measured", "simulated", "error", "tolerance", ""):
@@ -264,8 +277,13 @@ def validate_command(
     console = Console(width=None if Console().is_terminal else 120, highlight=False)
     console.print(table)
     for p, s in v.steps.items():
-        console.print(f"{p}: {s['steps']} steps, median |step-time error| {s['median_abs_error']:.1%}, "
+        modes = ", ".join(f"{n} {m}" for m, n in s.get("modes", {}).items())
+        console.print(f"{p}: {s['steps']} steps ({modes}), median |step-time error| {s['median_abs_error']:.1%}, "
                       f"total {s['total_error']:+.1%}")
+    g = v.meta.get("executor_steps")
+    if g and g["capture"]:
+        console.print(f"CUDA graphs: {g['captured_at_warm_up']} captured at warm-up, {g['captured']} in all "
+                      f"({g['capture_s']:.1f} s); timed steps that captured: {g['steps'].get('capture', 0)}")
     console.print(f"written: {', '.join(str(f) for f in files.values())}")
     if not v.passed:
         console.print("[bold red]FAILED[/]: an error exceeds its tolerance")
