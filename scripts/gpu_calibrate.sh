@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The one prepared device check (docs/validation.md, "On a GPU"): calibrate the device with a
-# catalog model's shapes, then validate the simulator against the reference executor on it, for
-# the calibration model and for a second model (the cross-model check). Everything lands in --out.
+# The one prepared device check (docs/validation.md, "On a GPU"): probe attention's host time and
+# eager against CUDA-graph decode steps, run the executor's GPU tests (graph capture and replay
+# equal to eager), calibrate the device with a catalog model's shapes, then validate the
+# simulator against the reference executor on it, for the calibration model and for a second
+# model (the cross-model check). The executor's pure-decode steps replay CUDA graphs (--graphs;
+# on a CPU the dry run runs their static layout uncaptured). Everything lands in --out.
 #
 #   scripts/gpu_calibrate.sh                      # cuda: llama-3-8b shapes, validate llama-3-8b and mistral-7b
 #   scripts/gpu_calibrate.sh --device cuda:1      # another GPU
@@ -12,10 +15,11 @@
 # --requests N (validation workload size, default 60),
 # --pack FILE (after every phase, pack the output folder into FILE, a .tgz: a run cut short by a
 # time limit keeps what it finished). Each phase has its own time limit, so one that overruns
-# cannot take the others with it. Budget on an H200: about 2 min of calibration and 1-2 min of
-# validation per model. Exit status: 0 when both validations pass their tolerances, 1 when one
-# does not or a phase failed, 2 on a usage error. Relative --out and --pack paths are taken
-# from the repository root.
+# cannot take the others with it. Budget on an H200: under 1 min of probe, under 1 min of GPU
+# tests, about 2 min of calibration and 1-2 min of validation per model: 5-7 min in all (give
+# the device call 600 s and --pack). Exit status: 0 when both validations pass their
+# tolerances, 1 when one does not or a phase failed, 2 on a usage error. Relative --out and
+# --pack paths are taken from the repository root.
 set -uo pipefail
 
 DEVICE=cuda
@@ -47,11 +51,11 @@ export PYTHONUNBUFFERED=1
 if [ "$DEVICE" = cpu ]; then
   MODEL=tiny-llama; OTHER=tiny-llama-wide; RATE=3
   ROUNDS="${ROUNDS:-}"; STEP_REPEATS="${STEP_REPEATS:-3}"
-  LIMIT_CAL=900; LIMIT_VAL=900
+  LIMIT_CAL=900; LIMIT_VAL=900; LIMIT_PROBE=300; LIMIT_TEST=300; PROBE_STEPS=4
 else
   MODEL=llama-3-8b; OTHER=mistral-7b; RATE=3
   ROUNDS="${ROUNDS:-6}"; STEP_REPEATS="${STEP_REPEATS:-1}"
-  LIMIT_CAL="${LIMIT_CAL:-240}"; LIMIT_VAL="${LIMIT_VAL:-180}"
+  LIMIT_CAL="${LIMIT_CAL:-240}"; LIMIT_VAL="${LIMIT_VAL:-180}"; LIMIT_PROBE=90; LIMIT_TEST=90; PROBE_STEPS=12
 fi
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -85,14 +89,25 @@ PYEOF
 cat "$OUT/environment.txt" | head -3
 pack "environment recorded"
 
-if [ "$DEVICE" != cpu ]; then
-  # attention host time per shape, cuDNN SDPA allowed and not (see the script's docstring)
-  timeout 90 "$PY" scripts/sdpa_probe.py --device "$DEVICE" 2>&1 | tee "$OUT/sdpa_probe.txt"
-  pack "attention probe"
+# attention host time per shape, cuDNN SDPA allowed and not; then eager against graph decode steps
+# (wall and host enqueue time, tokens agreeing): see the script's docstring
+echo "== probe: attention host time, eager against graph decode steps"
+timeout "$LIMIT_PROBE" "$PY" scripts/sdpa_probe.py --device "$DEVICE" --steps "$PROBE_STEPS" \
+  --json "$OUT/graph_probe.json" 2>&1 | tee "$OUT/sdpa_probe.txt"
+pack "probe exited ${PIPESTATUS[0]}"
+
+# capture and replay equal eager steps (tokens, logits, KV written by the graphs); skipped without CUDA
+echo "== executor graph tests"
+if "$PY" -m pytest --version >/dev/null 2>&1; then
+  timeout "$LIMIT_TEST" "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_executor_graphs.py 2>&1 \
+    | tee "$OUT/gpu_tests.log"
+  pack "graph tests exited ${PIPESTATUS[0]}"
+else
+  echo "pytest is not installed for $PY: graph tests not run" | tee "$OUT/gpu_tests.log"
 fi
 
 echo "== calibrate $DEVICE with $MODEL's shapes (${ROUNDS:-default} rounds)"
-timeout "$LIMIT_CAL" "$PY" -m batchsim.app.cli calibrate --device "$DEVICE" $QUICK --model "$MODEL" \
+timeout "$LIMIT_CAL" "$PY" -m batchsim.app.cli calibrate --device "$DEVICE" $QUICK --model "$MODEL" --graphs \
   ${ROUNDS:+--rounds "$ROUNDS"} --evidence "$OUT/calibration" --out "$OUT/profile.yaml" 2>&1 | tee "$OUT/calibrate.log"
 cal=${PIPESTATUS[0]}
 pack "calibration exited $cal"
@@ -102,12 +117,34 @@ status=0
 for m in "$MODEL" "$OTHER"; do
   echo "== validate $m on $DEVICE"
   timeout "$LIMIT_VAL" "$PY" -m batchsim.app.cli validate --device "$DEVICE" --profile "$OUT/profile.yaml" --model "$m" \
-    --rate "$RATE" --requests "$REQUESTS" --step-repeats "$STEP_REPEATS" --out "$OUT/validate-$m" 2>&1 | tee "$OUT/validate-$m.log"
+    --graphs --rate "$RATE" --requests "$REQUESTS" --step-repeats "$STEP_REPEATS" --out "$OUT/validate-$m" 2>&1 \
+    | tee "$OUT/validate-$m.log"
   v=${PIPESTATUS[0]}
   [ "$v" = 0 ] || status=1
   pack "validation of $m exited $v"
 done
 
-echo "== results in $OUT: profile.yaml, calibration/, calibrate.log, validate-*/validate.{json,csv,png}"
+# how the steps ran: every timed step's mode (eager / static / capture / graph) and its median host
+# enqueue against wall time, per mode, from the recorded step times
+"$PY" - "$OUT" <<'PYEOF' 2>&1 | tee "$OUT/graph_summary.txt"
+import json, pathlib, statistics, sys
+import pandas as pd
+out = pathlib.Path(sys.argv[1])
+facts = out / "calibration" / "facts.json"
+if facts.is_file():
+    print("calibration whole steps:", json.loads(facts.read_text()).get("graphs"))
+for v in sorted(out.glob("validate-*/validate.json")):
+    meta = json.loads(v.read_text())["meta"]
+    print(v.parent.name, meta.get("executor_steps"))
+    for f in sorted(v.parent.glob("*/executor_step_times.csv")):
+        df = pd.read_csv(f)
+        for mode, g in df.groupby("mode"):
+            print(f"  {f.parent.name:16s} {mode:8s} {len(g):5d} steps: median wall {g.wall_s.median() * 1e3:7.2f} ms, "
+                  f"enqueue {g.enqueue_s.median() * 1e3:7.2f} ms, predicted/measured - 1 "
+                  f"{statistics.median(g.predicted_s / g.measured_s - 1):+.1%}")
+PYEOF
+pack "summary written"
+
+echo "== results in $OUT: profile.yaml, calibration/, calibrate.log, validate-*/validate.{json,csv,png}, graph_probe.json, graph_summary.txt"
 echo "   copy the profile to batchsim/calibrate/profiles/ and the numbers into docs/validation.md"
 exit $status

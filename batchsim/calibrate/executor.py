@@ -197,7 +197,8 @@ class ReferenceModel:
         lens = [rows[i].kv + 1 for i in dec]
         return {"n": n, "ids": as_t(ids + [0] * (n_pad - n)), "pos": as_t(pos + [0] * (n_pad - n)),
                 "tok_slot": as_t(tok_slot), "tok_pos": as_t(pos), "samples": as_t(samples + [0] * (s_pad - ns)),
-                "picks": [(i, j) for j, i in enumerate(sampled_rows)], "dec": b, "dec_slots": as_t(slots[:b]), "dec_lens": as_t(lens),
+                "picks": [(i, j) for j, i in enumerate(sampled_rows)],  # (row, its entry in the samples)
+                "dec": b, "dec_slots": as_t(slots[:b]), "dec_lens": as_t(lens),
                 "dec_max": max(lens, default=0), "pre": pre, "scratch": scratch}
 
     @torch.inference_mode()

@@ -110,7 +110,9 @@ class DecodeGraphs:
     """Static inputs and captured graphs of a model's pure-decode steps.
 
     ``capture``: capture and replay CUDA graphs (CUDA only); otherwise the static
-    layout runs eagerly. ``captured`` counts captures, ``seconds`` their host time.
+    layout runs eagerly. ``captured`` counts captures, ``seconds`` their host time;
+    ``error`` holds a failed capture's message (capture is then off, and the steps
+    run the static layout eagerly, recorded as ``static``).
     """
 
     def __init__(self, device: torch.device, capture: bool) -> None:
@@ -118,18 +120,19 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs need a CUDA device")
         self.device, self.capture = device, capture
         top = CAPTURE_SIZES[-1]
-        # rows: token ids, positions, KV slots, context lengths, then each row's own index (the
-        # sample indices: every row's logits are computed, the real rows' read back)
-        self.inputs = torch.zeros(5, top, dtype=torch.long, device=device)
-        self.inputs[4] = torch.arange(top, device=device)
-        # NOTE: one host buffer, pinned on CUDA, and one copy per step (not one per input)
-        self.host = torch.zeros(4, top, dtype=torch.long, pin_memory=capture)
+        # NOTE: a P-row step's token ids, positions, KV slots and context lengths lie packed in
+        # the first 4P entries of one buffer (pinned on CUDA), copied in one transfer, not one
+        # per input; each key's views sit at offsets of its own P, so its graph's pointers hold
+        self.host = torch.zeros(4 * top, dtype=torch.long, pin_memory=capture)
+        self.inputs = torch.zeros(4 * top, dtype=torch.long, device=device)
+        self.index = torch.arange(top, device=device)  # the sample indices: every row's logits
         self.graphs: dict[tuple[int, int], tuple] = {}
         self.pool = None
         self.stream = None
         self.epoch = -1
         self.captured = 0
         self.seconds = 0.0
+        self.error: str | None = None
 
     def drop(self) -> None:
         """Forget every graph (their KV and RoPE pointers are stale) and start a fresh pool."""
@@ -152,7 +155,7 @@ class DecodeGraphs:
             self.drop()
             self.epoch = model.epoch
         vocab = model.spec.vocab_size
-        host = self.host.numpy()
+        host = self.host[:4 * padded].numpy().reshape(4, padded)
         host[0, :b] = [r.ids[0] if r.ids is not None else scratch_ids(r.kv, 1, s, vocab)[0]
                        for r, s in zip(rows, slots)]
         host[1, :b] = [r.kv for r in rows]
@@ -161,9 +164,10 @@ class DecodeGraphs:
         if padded > b:  # padding rows: position 0 of the pad slot, which they write and read
             host[0, b:padded] = scratch_ids(0, padded - b, pad, vocab)
             host[1:4, b:padded] = [[0], [pad], [1]]
-        self.inputs[:4, :padded].copy_(self.host[:, :padded], non_blocking=self.capture)
-        ids, pos, slot, lens, index = (self.inputs[i, :padded] for i in range(5))
-        return {"n": padded, "ids": ids, "pos": pos, "tok_slot": slot, "tok_pos": pos, "samples": index,
+        self.inputs[:4 * padded].copy_(self.host[:4 * padded], non_blocking=self.capture)
+        ids, pos, slot, lens = self.inputs[:4 * padded].view(4, padded)
+        return {"n": padded, "ids": ids, "pos": pos, "tok_slot": slot, "tok_pos": pos,
+                "samples": self.index[:padded],
                 "picks": [(i, i) for i, r in enumerate(rows) if r.sample_at is not None],
                 "dec": padded, "dec_slots": slot, "dec_lens": lens, "dec_max": kv, "pre": [], "scratch": scratch}
 
@@ -176,7 +180,16 @@ class DecodeGraphs:
         if hit is not None:
             hit[0].replay()
             return hit[1], "graph"
-        graph, out = self._capture(forward)
+        try:
+            graph, out = self._capture(forward)
+        except RuntimeError as e:
+            # NOTE: recorded, not raised: the run goes on with the static layout eagerly (mode
+            # "static", the error in validate.json and facts.json), so one device session still
+            # yields evidence; the gpu tests fail on it outright
+            first = (str(e).strip().splitlines() or [""])[0]
+            self.capture, self.error = False, f"{type(e).__name__}: {first[:300]}"
+            torch.cuda.synchronize(self.device)
+            return forward(), "static"
         self.graphs[key] = (graph, out)
         graph.replay()  # (capture records the work without running it)
         return out, "capture"
@@ -215,10 +228,13 @@ def summary(model, modes: Sequence[str]) -> dict:
     the layout runs eagerly), graphs ``captured`` so far and their host seconds
     (``capture_s``), and the count of ``modes`` (one per step) by mode."""
     g = model.decode_graphs
-    return {"graphs": model.graphs, "capture": bool(g is not None and g.capture),
-            "captured": g.captured if g is not None else 0,
-            "capture_s": round(g.seconds, 3) if g is not None else 0.0,
-            "steps": {m: list(modes).count(m) for m in sorted(set(modes))}}
+    out = {"graphs": model.graphs, "capture": bool(g is not None and g.capture),
+           "captured": g.captured if g is not None else 0,
+           "capture_s": round(g.seconds, 3) if g is not None else 0.0,
+           "steps": {m: list(modes).count(m) for m in sorted(set(modes))}}
+    if g is not None and g.error:
+        out["capture_error"] = g.error
+    return out
 
 
 def describe(facts: dict | None) -> str:

@@ -111,6 +111,8 @@ def calibrate_command(
         modes = ", ".join(f"{n} {m}" for m, n in g["steps"].items())
         console.print(f"whole steps ({describe(g)}): {modes}"
                       + (f"; {g['captured']} graphs captured in {g['capture_s']:.1f} s" if g["capture"] else ""))
+        if g.get("capture_error"):
+            console.print(f"[bold red]CUDA graph capture failed[/] (steps ran uncaptured): {g['capture_error']}")
     idle = cal.facts.get("device_idle")
     if idle:
         console.print(f"device idle between timed kernels: median {idle['median']:.1%}, p90 {idle['p90']:.1%}"
@@ -281,6 +283,8 @@ def validate_command(
         console.print(f"{p}: {s['steps']} steps ({modes}), median |step-time error| {s['median_abs_error']:.1%}, "
                       f"total {s['total_error']:+.1%}")
     g = v.meta.get("executor_steps")
+    if g and g.get("capture_error"):
+        console.print(f"[bold red]CUDA graph capture failed[/] (steps ran uncaptured): {g['capture_error']}")
     if g and g["capture"]:
         console.print(f"CUDA graphs: {g['captured_at_warm_up']} captured at warm-up, {g['captured']} in all "
                       f"({g['capture_s']:.1f} s); timed steps that captured: {g['steps'].get('capture', 0)}")
