@@ -17,8 +17,8 @@
 # time limit keeps what it finished). Each phase has its own time limit, so one that overruns
 # cannot take the others with it. Budget on an H200: under 1 min of probe, under 1 min of GPU
 # tests, about 2 min of calibration and 1-2 min of validation per model: 5-7 min in all (give
-# the device call 600 s and --pack). Exit status: 0 when both validations pass their
-# tolerances, 1 when one does not or a phase failed, 2 on a usage error. Relative --out and
+# the device call 600 s and --pack). Exit status: 0 when every phase ran and both validations
+# pass their tolerances, 1 when one does not or a phase failed, 2 on a usage error. Relative --out and
 # --pack paths are taken from the repository root.
 set -uo pipefail
 
@@ -89,19 +89,24 @@ PYEOF
 cat "$OUT/environment.txt" | head -3
 pack "environment recorded"
 
+status=0
 # attention host time per shape, cuDNN SDPA allowed and not; then eager against graph decode steps
 # (wall and host enqueue time, tokens agreeing): see the script's docstring
 echo "== probe: attention host time, eager against graph decode steps"
 timeout "$LIMIT_PROBE" "$PY" scripts/sdpa_probe.py --device "$DEVICE" --steps "$PROBE_STEPS" \
   --json "$OUT/graph_probe.json" 2>&1 | tee "$OUT/sdpa_probe.txt"
-pack "probe exited ${PIPESTATUS[0]}"
+p=${PIPESTATUS[0]}
+[ "$p" = 0 ] || status=1
+pack "probe exited $p"
 
 # capture and replay equal eager steps (tokens, logits, KV written by the graphs); skipped without CUDA
 echo "== executor graph tests"
 if "$PY" -m pytest --version >/dev/null 2>&1; then
   timeout "$LIMIT_TEST" "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_executor_graphs.py 2>&1 \
     | tee "$OUT/gpu_tests.log"
-  pack "graph tests exited ${PIPESTATUS[0]}"
+  t=${PIPESTATUS[0]}
+  [ "$t" = 0 ] || status=1
+  pack "graph tests exited $t"
 else
   echo "pytest is not installed for $PY: graph tests not run" | tee "$OUT/gpu_tests.log"
 fi
@@ -113,7 +118,6 @@ cal=${PIPESTATUS[0]}
 pack "calibration exited $cal"
 [ "$cal" = 0 ] || { echo "calibration failed ($cal)"; exit 1; }
 
-status=0
 for m in "$MODEL" "$OTHER"; do
   echo "== validate $m on $DEVICE"
   timeout "$LIMIT_VAL" "$PY" -m batchsim.app.cli validate --device "$DEVICE" --profile "$OUT/profile.yaml" --model "$m" \
