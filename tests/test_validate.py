@@ -167,7 +167,7 @@ def test_replay_compares_a_profile_with_recorded_executor_runs(profile, tmp_path
                               "continuous,static", "--requests", "8", "--rate", "10", "--step-repeats", "1"])
     assert res.exit_code in (0, 1), res.output
     times = (out / "continuous" / "executor_step_times.csv").read_text().splitlines()
-    assert times[0] == "measured_s,predicted_s,rows,tokens,enqueue_s,wall_s,cpu_s,at_ms" and len(times) > 8
+    assert times[0] == "measured_s,predicted_s,rows,tokens,enqueue_s,wall_s,cpu_s,at_ms,mode" and len(times) > 8
     res = runner.invoke(app, ["validate", "--replay", str(out), "--profile", str(profile), "--out", str(tmp_path / "r")])
     assert res.exit_code in (0, 1), res.output
     first, again = (json.loads((d / "validate.json").read_text()) for d in (out, tmp_path / "r"))
