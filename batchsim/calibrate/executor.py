@@ -368,9 +368,10 @@ class ReferenceModel:
 
         NOTE: eagerly, for this bounded set, not lazily on first use: a run's decode steps
         then replay from their first step, and no timed step pays a capture (a validation's
-        untimed pass covers one policy only). A graph outlives only as long as the KV slabs
-        it writes: the slabs are grown for the largest batch first, since growing them
-        later drops every graph.
+        untimed pass covers one policy only). A graph lives only as long as the KV slabs it
+        writes: the slabs are grown for the largest batch first, since growing them later
+        drops every graph. Largest batches are captured first, as vLLM and SGLang do, so
+        the smaller graphs reuse the shared pool's blocks.
         """
         g = self.decode_graphs
         if g is None or not g.capture:

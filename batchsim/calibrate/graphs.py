@@ -22,7 +22,7 @@ on that layout eagerly on a CPU (mode ``static``: its logic, tested on the CPU)
 and on CUDA is captured once per key and replayed (``capture`` for the step that
 captured, ``graph`` for replays). KV writes are part of the graph, into the
 persistent KV slabs, so a slab reallocation drops every graph
-(:meth:`DecodeGraphs.inputs` compares the model's ``epoch``).
+(:meth:`DecodeGraphs.inputs_for` compares the model's ``epoch``).
 
 Sources: capture sizes from vLLM's ``VllmConfig._set_cudagraph_sizes``; the
 capture recipe (warm-up on a side stream, ``torch.cuda.graph``, static inputs
