@@ -168,3 +168,29 @@ def test_fit_host_recovers_the_decode_steps_extra():
     assert host.per_step_us == pytest.approx(2000, rel=0.03)
     assert host.per_decode_step_us == pytest.approx(1000, rel=0.05)
     assert host.per_seq_us == pytest.approx(10, rel=0.2)
+
+
+def test_fit_host_recovers_decode_steps_cheaper_than_the_others():
+    """Decode steps replayed from CUDA graphs take less host time than eager prefills: the decode
+    term comes out negative, and a decode step's own host time is never below zero."""
+    shapes = [s for s, _ in plan_steps("cuda", quick=False)]
+    rows = np.array([s.num_rows for s in shapes])
+    dec = np.array([bool(((s.q == 1) & (s.kv > 0)).any()) for s in shapes])
+    predicted = np.full(len(shapes), 3e-3)
+    measured = predicted + 2500e-6 + 10e-6 * rows - 2200e-6 * dec  # (graph decode steps: 300 us + rows)
+    host = fit_host(shapes, measured, predicted)
+    assert host.per_step_us == pytest.approx(2500, rel=0.03)
+    assert host.per_decode_step_us == pytest.approx(-2200, rel=0.05)
+    assert host.per_seq_us == pytest.approx(10, rel=0.2)
+    nothing = fit_host(shapes, predicted + 2500e-6 - 2500e-6 * dec, predicted)  # (graph decode steps: no host time)
+    assert nothing.per_step_us + nothing.per_decode_step_us >= 0
+    assert nothing.per_decode_step_us == pytest.approx(-nothing.per_step_us, abs=30)
+
+
+def test_a_profile_refuses_a_decode_step_below_zero_host_time():
+    from batchsim.calibrate.hardware import HostOverhead
+    from pydantic import ValidationError
+
+    assert HostOverhead(per_step_us=500, per_seq_us=0, per_decode_step_us=-500).per_decode_step_us == -500
+    with pytest.raises(ValidationError, match="per_step_us \\+ per_decode_step_us must be >= 0"):
+        HostOverhead(per_step_us=500, per_seq_us=0, per_decode_step_us=-600)

@@ -277,13 +277,15 @@ def held_out_error(profile: HardwareProfile, samples: Iterable[Sample], dtype: s
 # -- host overhead ------------------------------------------------------------------
 def fit_host(shapes: Sequence[StepShape], seconds: Sequence[float], predicted: Sequence[float]) -> HostOverhead:
     """``per_step + per_seq x rows + per_decode_step x [the step has decode rows]`` fitted
-    (least absolute error, each >= 0) to the gap between measured step times and the
-    kernel-only prediction.
+    (least absolute error; per_step, per_seq and per_step + per_decode_step >= 0) to the gap
+    between measured step times and the kernel-only prediction.
 
-    NOTE: the decode term is there because an eager decode attention launches several
-    kernels more than a prefill's: on the H200 of docs/validation.md decode steps took
-    ~2 ms more host time than prefills of as many rows, and one per-step figure split the
-    difference (held-out steps 8.0% -> 6.1% with the term, same evidence).
+    NOTE: the decode term is there because decode steps' host time differs from the others'.
+    An eager decode attention launches several kernels more than a prefill's: on the H200 of
+    docs/validation.md decode steps took ~2 ms more host time than prefills of as many rows, and
+    one per-step figure split the difference (held-out steps 8.0% -> 6.1% with the term, same
+    evidence). Replayed from CUDA graphs (the executor's graph path) decode steps take less
+    than eager prefills: the term is then negative.
     """
     rows = np.array([s.num_rows for s in shapes], dtype=float)
     dec = np.array([bool(((s.q == 1) & (s.kv > 0)).any()) for s in shapes], dtype=float)
@@ -291,24 +293,34 @@ def fit_host(shapes: Sequence[StepShape], seconds: Sequence[float], predicted: S
     top = max(float(gap.max()), 0.0)
     best = (np.abs(gap - max(np.median(gap), 0.0)).sum(), max(float(np.median(gap)), 0.0), 0.0, 0.0)
     seq_grid = np.unique(np.concatenate([[0.0], np.linspace(0, top / max(rows.min(), 1), 200)]))
-    dec_grid = np.unique(np.concatenate([[0.0], np.linspace(0, top, 60)])) if 0 < dec.sum() < len(dec) else [0.0]
+    dec_grid = (np.unique(np.concatenate([[0.0], np.linspace(-top, top, 121)])) if 0 < dec.sum() < len(dec)
+                else np.array([0.0]))
 
     def search(ds, bs, best):
         for d in ds:
             rest = gap - d * dec
             for b in bs:
                 r = rest - b * rows
-                a = max(float(np.median(r)), 0.0)
+                a = max(float(np.median(r)), 0.0, -float(d))  # (a decode step's own term stays >= 0)
                 loss = np.abs(r - a).sum()
                 if loss < best[0]:
                     best = (loss, a, float(b), float(d))
         return best
 
     best = search(dec_grid, seq_grid, best)
-    # then a finer grid around the best point, one coarse step either side (each stays >= 0)
+    # then a grid of one coarse step either side of the best point, moved with it while it moves
+    # (the two terms trade off, decode steps having more rows, so the coarse best can lie in the
+    # wrong valley), then 20x finer, twice (per_seq stays >= 0)
     dstep = dec_grid[1] - dec_grid[0] if len(dec_grid) > 1 else 0.0
     bstep = seq_grid[1] - seq_grid[0] if len(seq_grid) > 1 else 0.0
-    best = search(np.unique(np.clip(np.linspace(best[3] - dstep, best[3] + dstep, 41), 0, None)),
-                  np.unique(np.clip(np.linspace(best[2] - bstep, best[2] + bstep, 41), 0, None)), best)
-    return HostOverhead(per_step_us=round(best[1] * 1e6, 2), per_seq_us=round(best[2] * 1e6, 3),
-                        per_decode_step_us=round(best[3] * 1e6, 2))
+    for _ in range(3):
+        for _ in range(100):
+            before = best
+            best = search(np.linspace(best[3] - dstep, best[3] + dstep, 41) if dstep else np.array([best[3]]),
+                          np.unique(np.clip(np.linspace(best[2] - bstep, best[2] + bstep, 41), 0, None)), best)
+            if best is before:
+                break
+        dstep, bstep = dstep / 20, bstep / 20
+    step, decode = round(best[1] * 1e6, 2), round(best[3] * 1e6, 2)
+    return HostOverhead(per_step_us=step, per_seq_us=round(best[2] * 1e6, 3),
+                        per_decode_step_us=max(decode, -step))  # (no rounding below a zero decode step)

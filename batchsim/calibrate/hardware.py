@@ -102,12 +102,23 @@ class HostOverhead(BaseModel):
 
     per_step_us: float = Field(ge=0, le=1e9)
     per_seq_us: float = Field(ge=0, le=1e9)
-    # NOTE: an eager decode attention launches several kernels more than a prefill's (gather,
-    # mask, SDPA): on the H200 of docs/validation.md decode steps took ~2 ms more host time
-    per_decode_step_us: float = Field(0.0, ge=0, le=1e9, description="more per step that has decode rows")
+    # NOTE: the difference a step with decode rows makes. More for an eager decode attention, which
+    # launches several kernels more than a prefill's (gather, mask, SDPA: on the H200 of
+    # docs/validation.md decode steps took ~2 ms more host time); less, down to no host time at all,
+    # where decode steps replay CUDA graphs and the others launch eagerly (the reference executor's
+    # graph path; vLLM's full graphs for pure decodes and piecewise ones for mixed steps)
+    per_decode_step_us: float = Field(0.0, ge=-1e9, le=1e9, description="the difference per step that has decode "
+                                      "rows (negative: decode steps take less host time)")
     # NOTE: with TP > 1 the scheduler's output is broadcast to every worker each step (vLLM's
     # shared-memory message queue, SGLang's and TRT-LLM's per-rank executors): time per extra rank.
     per_tp_rank_us: float = Field(0.0, ge=0, le=1e9, description="more per step for each tensor-parallel rank past the first")
+
+    @model_validator(mode="after")
+    def _decode_step_not_below_zero(self) -> "HostOverhead":
+        if self.per_step_us + self.per_decode_step_us < 0:
+            raise ValueError(f"per_step_us + per_decode_step_us must be >= 0 (a decode step's host time), got "
+                             f"{self.per_step_us} + {self.per_decode_step_us}")
+        return self
 
     def step_us(self, tp: int) -> float:
         """The per-step term at tensor-parallel size ``tp``."""
