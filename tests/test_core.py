@@ -322,11 +322,11 @@ def test_progress_reports_a_run_in_flight():
     from batchsim.sim.records import StepStream
 
     seen = []
-    extend = StepStream.extend
+    commit = StepStream.commit  # (the core writes a block into the stream's arrays, then commits it)
 
-    def spy(self, *columns, count=None):
+    def spy(self, k):
         seen.append(core.progress())
-        return extend(self, *columns, count=count)
+        return commit(self, k)
 
     raw = _scenario(POLICIES["continuous"])
     raw["workload"] = dict(raw["workload"], num_requests=2500)  # (~55k steps: several flushes of 16384)
@@ -334,7 +334,7 @@ def test_progress_reports_a_run_in_flight():
     parts = build_parts(sc)
     import unittest.mock as mock
 
-    with mock.patch.object(StepStream, "extend", spy):
+    with mock.patch.object(StepStream, "commit", spy):
         result = simulate(sc, parts)
     assert result.engine["engine"] == "core" and len(seen) >= 2 and core.progress() is None
     first, last = seen[0], seen[-1]
@@ -364,21 +364,21 @@ def test_a_sink_that_fails_mid_run_stops_the_core_cleanly(monkeypatch):
 
     monkeypatch.setattr(core, "_STEP_CAP", 64)
     calls = []
-    extend = StepStream.extend
+    commit = StepStream.commit  # (the core writes a block into the stream's arrays, then commits it)
 
-    def failing(self, *columns, count=None):
+    def failing(self, k):
         calls.append(1)
         if len(calls) == 5:
             raise OSError("no space left on device")
-        return extend(self, *columns, count=count)
+        return commit(self, k)
 
     sc = scenario_from_dict(dict(_scenario(POLICIES["continuous"]), engine="core"))
     parts = build_parts(sc)
-    monkeypatch.setattr(StepStream, "extend", failing)
+    monkeypatch.setattr(StepStream, "commit", failing)
     with pytest.raises(OSError, match="no space left"):
         simulate(sc, parts)
     assert core.progress() is None
-    monkeypatch.setattr(StepStream, "extend", extend)
+    monkeypatch.setattr(StepStream, "commit", commit)
     assert simulate(sc, parts).engine["engine"] == "core"
 
 

@@ -252,3 +252,81 @@ def test_pieces_cover_each_gap_as_often_as_runs_do_across_chunks_and_pieces(seed
     c = np.concatenate([c for _, c in got])
     keep = np.flatnonzero(cover)
     assert np.array_equal(v, t[keep] - t[keep - 1]) and np.array_equal(c, cover[keep])
+
+
+ITL_KEYS = ("mean_itl_ms", "std_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms")
+
+
+@pytest.mark.parametrize("policy", ["static", "dynamic", "continuous", "continuous_mixed", "chunked_prefill"])
+def test_first_pass_made_as_the_core_runs_gives_the_same_summary(policy, monkeypatch):
+    """One replica on the compiled core: the ITL summary's first pass is made as the blocks are
+    read (itl.ItlAhead: from the runs the core closed and its frontier), here over pieces of 16
+    token steps so that nearly every piece is made so, on runs with preemption (continuous) and
+    padding (static, dynamic). The summary's ITL figures are the same bits as a first pass made
+    after the run over the same records, and as the SimPy engine's (which makes none ahead)."""
+    from batchsim import core
+    from batchsim.sim.metrics import measured_gaps, ms_piece, weighted_stats
+
+    if core.library() is None:
+        pytest.skip(f"no compiled core here: {core.library_error()}")
+    monkeypatch.setattr(itl_mod, "_PIECE", 16)
+    got = {}
+    for engine in ("core", "python"):
+        sc = scenario_from_dict(dict(_scenario(POLICIES[policy]), engine=engine))
+        got[engine] = simulate(sc, build_parts(sc))
+    result = got["core"]
+    ahead = result.itl.ahead
+    assert ahead is not None and not ahead.failed and ahead.pieces > 100
+    assert len(result.itl.times[0]) - ahead.next_lo < 16  # (every piece but the last made ahead)
+    if policy == "continuous":
+        assert result.summary["preemptions"] > 0  # (runs of preempted requests held the frontier back)
+    gaps = measured_gaps(result.itl, measured_completed(result.requests))
+    first, rest = gaps.first_pass(ms_piece)
+    assert first is ahead.first
+    made_ahead = weighted_stats("itl", gaps.pieces, first, rest)
+    made_after = weighted_stats("itl", gaps.pieces)
+    assert made_ahead == made_after and {k: result.summary[k] for k in ITL_KEYS} == made_after
+    assert weighted_stats("itl", gaps.pieces, first, rest) == made_after  # (the pass made ahead is not used up)
+    assert got["python"].itl.ahead is None
+    assert {k: got["python"].summary[k] for k in ITL_KEYS} == made_after
+
+
+def test_first_pass_made_ahead_is_used_only_for_the_runs_it_summed(monkeypatch):
+    """The pass made ahead sums every run the core made: a selection that drops a request's runs
+    (ItlRecords.select), another unit than the one it was made in, or a failed piece leave the
+    summary to a first pass after the run; a run with a warm-up (or several replicas, or a
+    horizon) makes none (batchsim.app.runner._summed_ahead)."""
+    from batchsim import core
+    from batchsim.sim.metrics import ms_piece
+
+    if core.library() is None:
+        pytest.skip(f"no compiled core here: {core.library_error()}")
+    monkeypatch.setattr(itl_mod, "_PIECE", 16)
+    sc = scenario_from_dict(dict(_scenario(POLICIES["static"]), engine="core"))
+    itl = simulate(sc, build_parts(sc)).itl
+    assert itl.ahead is not None
+    every = np.ones(int(itl.rid.max()) + 1, dtype=bool)
+    assert itl.select(every).ahead is itl.ahead and itl.select(every).first_pass(ms_piece)[0] is itl.ahead.first
+    every[itl.rid[0]] = False
+    assert itl.select(every).ahead is None and itl.select(every).first_pass(ms_piece) == (None, None)
+    assert itl.first_pass(lambda v, c: (v, c)) == (None, None)
+    itl.ahead.failed = True
+    assert itl.first_pass(ms_piece) == (None, None)
+    for kw in ({"measure": {"warmup_s": 1.0}}, {"replicas": 2}, {"horizon_s": 30.0}):
+        sc = scenario_from_dict(dict(_scenario(POLICIES["static"]), engine="core", **kw))
+        assert simulate(sc, build_parts(sc)).itl.ahead is None, kw
+
+
+def test_a_failed_piece_made_ahead_leaves_the_error_to_the_summary(monkeypatch):
+    """A piece the first pass refuses (a negative gap) stops the pass made ahead; the summary's
+    own first pass then raises, as without one."""
+    monkeypatch.setattr(itl_mod, "_PIECE", 2)
+    times = np.array([0.0, 1.0, 0.5, 2.0, 3.0])
+    ahead = itl_mod.ItlAhead(lambda v, c: (v, c))
+    ahead.feed(times, np.array([0]), np.array([4]), frontier=5)
+    assert ahead.failed and ahead.pieces == 0
+    rec = ItlRecords([times], [0], [0], [0], [4], [np.nan])
+    rec.ahead = ahead
+    assert rec.first_pass(ahead.transform) == (None, None)
+    with pytest.raises(ValueError, match="values >= 0"):
+        weighted_summary(rec.pieces, [50])

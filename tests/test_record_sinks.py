@@ -127,15 +127,29 @@ def test_step_totals_are_blocking_independent(seed, chunk, monkeypatch):
     assert mixed.totals() == whole.totals()
 
 
-@pytest.mark.parametrize("mode", ["rows", "blocks"])
+def _in_place(stream, cols) -> None:
+    """A block written as the core writes it: into the stream's own arrays (reserve, commit)."""
+    k = len(cols[0])
+    got = stream.reserve(k)
+    if got is None:  # (appended rows wait)
+        stream.extend(*cols)
+        return
+    n, arrays = got
+    for a, c in zip(arrays, cols):
+        a[n:n + k] = c
+    stream.commit(k)
+
+
+@pytest.mark.parametrize("mode", ["rows", "blocks", "in_place"])
 @pytest.mark.parametrize("chunk", [1 << 18, 50])
 @pytest.mark.parametrize("seed", range(3))
 def test_step_stream_hands_on_the_rows_sorted_by_end_then_replica(seed, chunk, mode, monkeypatch):
     """Steps end on a clock that never goes back, on replicas in any order (equal ends happen).
     The Python engine appends each as it ends (``rows``); the core hands over each replica's
-    rows in blocks now and then, then settles at its clock (``blocks``). The sink gets every row
-    once, in (end, replica) order, each replica's equal-end rows in their own order, and the
-    totals all of them."""
+    rows in blocks now and then, then settles at its clock (``blocks``), writing them into the
+    stream's own arrays (``in_place``: reserve, commit). The sink gets every row once, in (end,
+    replica) order, each replica's equal-end rows in their own order, and the totals all of
+    them, bit for bit the same as from blocks."""
     monkeypatch.setattr(StepStream, "CHUNK", chunk)
     rng = np.random.default_rng(seed)
     sink, totals = FrameSteps(), StepTotals(3)
@@ -154,12 +168,13 @@ def test_step_stream_hands_on_the_rows_sorted_by_end_then_replica(seed, chunk, m
             if rng.random() < 0.05:  # a flush: every replica's held rows, then the clock
                 for rr in range(3):
                     if held[rr]:
-                        stream.extend(*[np.array(c) for c in zip(*held[rr])])
+                        (_in_place if mode == "in_place" else lambda st, c: st.extend(*c))(
+                            stream, [np.array(c) for c in zip(*held[rr])])
                         held[rr] = []
                 stream.settle(now)
     for rr in range(3):
         if held[rr]:
-            stream.extend(*[np.array(c) for c in zip(*held[rr])])
+            (_in_place if mode == "in_place" else lambda st, c: st.extend(*c))(stream, [np.array(c) for c in zip(*held[rr])])
     stream.close()
     want = [np.array(c) for c in zip(*rows)]
     order = np.lexsort((want[0], want[2]))
@@ -168,6 +183,13 @@ def test_step_stream_hands_on_the_rows_sorted_by_end_then_replica(seed, chunk, m
     for j, (name, dt) in enumerate(STEP_FIELDS):
         assert got[name].to_numpy().tolist() == want[j][order].astype(dt).tolist(), name
     assert totals.totals()["steps"] == len(order)
+    if mode == "in_place":  # (the same totals as the same blocks given to extend)
+        blocks = StepTotals(3)
+        for rr in range(3):
+            mine = [row for row in rows if row[0] == rr]
+            if mine:
+                blocks.extend(*[np.array(c).astype(dt) for c, (_, dt) in zip(zip(*mine), STEP_FIELDS)])
+        assert totals.totals() == blocks.totals()
 
 
 def test_columns_drop_front_keeps_the_rest_in_order():

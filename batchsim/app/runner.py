@@ -32,10 +32,10 @@ from batchsim.sim.io import TableFile, write_json, write_set, write_table
 from batchsim.sim.errors import InputError
 from batchsim.sim.kv import PagedKVCache
 from batchsim.sim.prefix import PrefixKVCache
-from batchsim.sim.metrics import RunTotals, summarize
+from batchsim.sim.metrics import RunTotals, ms_piece, summarize
 from batchsim.sim.protocols import CostModel
 from batchsim.sim.aggregate import StepTotals
-from batchsim.sim.itl import ItlRecords, TokenSteps
+from batchsim.sim.itl import ItlAhead, ItlRecords, TokenSteps
 from batchsim.sim.frontend import engine_arrivals
 from batchsim.sim.records import (AutoSteps, FrameSteps, StepStream, TimelineSteps, add_latencies, empty_requests,
                                   empty_step_table, request_frame)
@@ -193,6 +193,16 @@ def _kv_cache(parts: Parts, cfg) -> PagedKVCache:
     return PrefixKVCache(blocks, cfg.block_size, wl.prefix_block_tokens)
 
 
+def _summed_ahead(scenario: Scenario) -> bool:
+    """Whether the ITL summary's first pass is made as the core's run goes (batchsim.sim.itl.ItlAhead):
+    one replica, and every request's gaps measured unless it fails (no horizon, no warm-up or
+    cool-down). Either way the summary is the same; the pass made ahead is used only when the
+    gaps it summed are exactly those measured (ItlRecords.select), else made after the run."""
+    m = scenario.measure
+    return (scenario.replicas == 1 and scenario.horizon_s is None and not (m.warmup_s or m.cooldown_s)
+            and not (m.warmup_requests or m.cooldown_requests))
+
+
 def choose_engine(scenario: Scenario, policy, parts: Parts, replica, kv_type, others=()) -> str | None:
     """None when the compiled core runs this scenario, else why the SimPy engine runs it.
 
@@ -281,7 +291,8 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
         with _policy_contract(scenario, pols[0]):
             ran = core.run_core(parts.workload, pols[0], parts.cost, [c.total_blocks for c in caches],
                                 caches[0].block_size, max_len, scenario.router, scenario.horizon_s,
-                                scenario.max_queue_len, steps, router_rng=_seeds(scenario.seed)[1])
+                                scenario.max_queue_len, steps, router_rng=_seeds(scenario.seed)[1],
+                                itl_ahead=ItlAhead(ms_piece) if _summed_ahead(scenario) else None)
         requests, now, itl = ran.requests, ran.now, ran.itl
         for c, peak in zip(caches, ran.kv_peak):
             c.peak_used = peak

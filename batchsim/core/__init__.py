@@ -50,7 +50,7 @@ from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, empty_requests
 from batchsim.sim.table import Table
-from batchsim.sim.itl import ItlRecords, Times
+from batchsim.sim.itl import ItlAhead, ItlRecords, Times
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
 __all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error", "library_path", "packaged_libraries"]
@@ -274,10 +274,14 @@ def library() -> ctypes.CDLL | None:
     lib.core_held.argtypes = [vp]
     lib.core_flushed.restype = None
     lib.core_flushed.argtypes = [vp]
+    lib.core_frontier.restype = None
+    lib.core_frontier.argtypes = [vp, vp]
     lib.core_buffers.restype = None
     lib.core_buffers.argtypes = [vp] * 6
     lib.core_columns.restype = None
     lib.core_columns.argtypes = [vp, vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    lib.core_columns_to.restype = None
+    lib.core_columns_to.argtypes = [vp, ctypes.c_int64, ctypes.c_int64, vp, vp, ctypes.c_int64]
     lib.core_free.restype = None
     lib.core_free.argtypes = [vp]
     _lib = lib
@@ -522,10 +526,12 @@ def _ptr(a: np.ndarray) -> int:
 
 def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_model_len: int,
              router: str, horizon: float | None, max_queue_len: int | None, steps,
-             router_rng: np.random.Generator | None = None) -> CoreRun:
+             router_rng: np.random.Generator | None = None, itl_ahead: ItlAhead | None = None) -> CoreRun:
     """Run the scenario in the compiled core, writing step records into ``steps`` exactly as the
     Python engine would; the run's gaps come back as ``CoreRun.itl`` (batchsim.sim.itl). ``router_rng`` is the router's
-    generator (``power_of_two`` draws its pairs from it, as batchsim.sim.router does)."""
+    generator (``power_of_two`` draws its pairs from it, as batchsim.sim.router does). ``itl_ahead``
+    (one replica): the ITL summary's first pass, made as the blocks are read and kept with the gaps
+    (batchsim.sim.itl.ItlAhead)."""
     lib = library()
     if lib is None:  # pragma: no cover - callers check first
         raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
@@ -535,6 +541,10 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     info, dense, req_i, req_f = (a[k] for k in ("info", "dense", "req_i", "req_f"))
     sets = [tuple(a[k] for k in _BUFFERS), tuple(np.empty_like(a[k]) for k in _BUFFERS)]
     cols = (np.empty(a["sf"].shape[:0:-1]), np.empty(a["si"].shape[:0:-1], dtype=np.int64))  # (field, step)
+    if itl_ahead is not None and reps != 1:
+        raise ValueError("itl_ahead takes a one-replica run")
+    frontier = np.zeros(reps, dtype=np.int64)
+    into = _Into(steps)
     times: list[list[np.ndarray]] = [[] for _ in range(reps)]
     closed: list[list[np.ndarray]] = [[] for _ in range(5)]
     global _active
@@ -559,6 +569,8 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                 raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
             lib.core_info(st, _ptr(info))
             full, counts, last = sets[cur], info.copy(), status == _DONE
+            if itl_ahead is not None:  # (while the core waits: its runs as they are at the block's end)
+                lib.core_frontier(st, _ptr(frontier))
             if not last:
                 # the core goes on into the other buffers (on a thread: ctypes lets go of the GIL)
                 # while these are read; what is read, and in what order, is as if it waited
@@ -567,7 +579,11 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                 lib.core_flushed(st)
                 ahead.start()
             try:
-                _flush(lib, cols, counts, reps, *full, steps, times, closed)
+                _flush(lib, cols, counts, reps, *full, steps, times, closed, into)
+                if itl_ahead is not None:
+                    new_t, new_c = int(counts[_rep_info(0) + 1]), int(counts[_rep_info(0) + 3])
+                    itl_ahead.feed(times[0][-1] if new_t else None, closed[2][-1] if new_c else None,
+                                   closed[3][-1] if new_c else None, int(frontier[0]))
                 if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
                     steps.settle(float(counts[0]))
             finally:
@@ -588,6 +604,8 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     itl = ItlRecords.build([Times(t) for t in times],
                            [np.concatenate(c) if c else np.zeros(0) for c in closed],
                            (req_i[7, :delivered], req_i[8, :delivered], req_i[9, :delivered], req_f[5, :delivered]))
+    if itl_ahead is not None and not itl_ahead.failed:
+        itl.ahead = itl_ahead
     return CoreRun(requests=requests, itl=itl, now=float(info[0]),
                    kv_peak=[int(info[_rep_info(i) + 2]) for i in range(reps)], steps=int(info[1]),
                    held=held)
@@ -753,11 +771,44 @@ class _CoreThread:
             raise pending
 
 
-def _flush(lib, cols, info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed) -> None:
+# Where each field of the core's step records goes among STEP_FIELDS (sf's doubles, si's integers)
+_SF_AT = (1, 2, 8, 9, 10, 11, 12, 13, 14)  # start end flops useful_flops bytes compute_s memory_s network_s overhead_s
+_SI_AT = (0, 3, 4, 5, 6, 7, 15, 16, 17, 18, 19)  # replica num_seqs num_rows prefill decode padding oor kv waiting running preempted
+
+
+class _Into:
+    """Where ``core_columns_to`` writes a block in the step stream's arrays (Columns.reserve): their
+    addresses and widths by the core's field order, made again when the arrays change (grown)."""
+
+    def __init__(self, steps) -> None:
+        self.reserve = getattr(steps, "reserve", lambda k: None)  # (a step stream: batchsim.sim.records.StepStream)
+        self._arrays: list | None = None
+
+    def tables(self, arrays: list) -> tuple:
+        if arrays is not self._arrays:
+            ok = all(arrays[j].dtype == np.float64 for j in _SF_AT) and all(
+                arrays[j].dtype.kind == "i" and arrays[j].dtype.itemsize in (4, 8) for j in _SI_AT)
+            if not ok or not all(a.flags.c_contiguous for a in arrays):  # pragma: no cover - STEP_FIELDS' types
+                raise TypeError("the core writes step columns of doubles and of 4- or 8-byte integers")
+            self._tabs = tuple((np.array([arrays[j].ctypes.data for j in at], dtype=np.int64),
+                                np.array([arrays[j].dtype.itemsize for j in at], dtype=np.int64)) for at in (_SF_AT, _SI_AT))
+            self._arrays = arrays
+        return self._tabs
+
+
+def _flush(lib, cols, info, reps, sf, si, g_t, g_run, g_entry, steps, times, closed, into=None) -> None:
     f, s = cols  # (field, step)
     for i in range(reps):
         k = int(info[_rep_info(i)])
-        if k:
+        got = into.reserve(k) if k and into is not None else None
+        if got is not None:
+            # (straight into the step stream's arrays: Columns.reserve; no copy of the columns in between)
+            n, arrays = got
+            (fa, fw), (ia, iw) = into.tables(arrays)
+            lib.core_columns_to(_ptr(sf[i]), k, sf.shape[2], _ptr(fa), _ptr(fw), n)
+            lib.core_columns_to(_ptr(si[i]), k, si.shape[2], _ptr(ia), _ptr(iw), n)
+            steps.commit(k)
+        elif k:
             # (the core writes a step's record in one place; its fields are read as columns)
             lib.core_columns(_ptr(sf[i]), _ptr(f), k, *f.shape)
             lib.core_columns(_ptr(si[i]), _ptr(s), k, *s.shape)

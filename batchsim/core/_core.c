@@ -220,6 +220,7 @@ typedef struct {
     int64_t *rel;  /* released rids */
     int64_t nrel;
     int complete_on_release, hold_finished;
+    int rows_running;  /* the plan's rows are all running and it releases, rejects and preempts none */
     int64_t reserve;  /* KV tokens reserved per launched member (0: none) */
     double out_free;  /* when the frontend has streamed every earlier step's tokens */
     int64_t billed;   /* decode rows' billed context (-1: none) */
@@ -241,6 +242,7 @@ typedef struct {
     double *g_entry;   /* [gap_cap] closed runs: entry gap */
     int64_t nt, nclosed, kt;  /* token steps and closed runs in the buffers; token steps in all */
     int64_t *firsts;   /* the rows of this step that got their first token */
+    int64_t wait_open; /* waiting requests with an open run (preempted ones): core_frontier */
 } replica_t;
 
 typedef struct {
@@ -697,6 +699,7 @@ static void padded_plan(core_t *s, replica_t *r) {
         }
         r->billed = ctx;
         r->hold_finished = 1;
+        r->rows_running = 1;
         return;
     }
     if (!r->nrun) {
@@ -717,7 +720,7 @@ static void plan(core_t *s, replica_t *r) {
     builder_t b;
     s->epoch++;
     r->nrows = r->npre = r->nrej = r->nrel = r->npad = r->nbilled = 0;
-    r->complete_on_release = r->hold_finished = r->has_idle_until = 0;
+    r->complete_on_release = r->hold_finished = r->has_idle_until = r->rows_running = 0;
     r->reserve = 0;
     r->billed = -1;
     if (s->padded) {
@@ -761,6 +764,7 @@ static void remove_running(replica_t *r, int64_t rid) {
 
 static int apply_admission(core_t *s, replica_t *r) {
     /* Replica._admit: release, reject, preempt, admit */
+    if (r->rows_running) return 0;  /* (a padded batch's decode: nothing to release, reject or admit) */
     for (int64_t j = 0; j < r->nrel; j++) {
         int64_t rid = r->rel[j];
         if (!s->finished[rid]) return CORE_ERR_INTERNAL;
@@ -778,6 +782,7 @@ static int apply_admission(core_t *s, replica_t *r) {
         s->status[rid] = ST_REJECTED;
         s->reason[rid] = RS_BUDGET;
         r->outstanding--;
+        if (s->run_rep[rid] >= 0) r->wait_open--;  /* (its run stays open, and is no longer waiting) */
     }
     for (int64_t j = 0; j < r->npre; j++) {
         int64_t rid = r->pre[j];
@@ -787,6 +792,7 @@ static int apply_admission(core_t *s, replica_t *r) {
         kv_free(s, r, rid);
         s->num_computed[rid] = 0;
         s->num_preempt[rid]++;
+        if (s->run_rep[rid] >= 0) r->wait_open++;
     }
     for (int64_t j = r->npre - 1; j >= 0; j--) wq_push_front(r, r->pre[j]);
     /* admitted: plan rows not running, in row order; FCFS makes them a prefix of the queue
@@ -818,6 +824,7 @@ static int apply_admission(core_t *s, replica_t *r) {
         int64_t rid = r->rows_rid[j];
         if (s->running[rid]) continue;
         s->running[rid] = 1;
+        if (s->run_rep[rid] >= 0) r->wait_open--;
         s->order[rid] = r->admissions++;
         if (isnan(s->admitted[rid])) {
             s->admitted[rid] = s->now;
@@ -997,18 +1004,16 @@ static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
     int64_t oor = (int64_t)d->v[6];
     double L = (double)s->L;
     for (int k = 0; k < 2; k++) {
-        int64_t tokens;
+        int64_t tokens = k == 0 ? T - n_dec : n_dec;
+        if (!tokens) continue;  /* (before the products: a padded decode step has no prefill class) */
         double wf, wb;
         if (k == 0) {
-            tokens = T - n_dec;
             wf = s->L4 * pairs * (double)s->h * (double)s->dh;
             wb = L * (pre_kv * s->kv_elt + (double)(T - n_dec) * s->qo);
         } else {
-            tokens = n_dec;
             wf = s->L4 * (double)ctx_dec * (double)s->h * (double)s->dh;
             wb = L * ((double)ctx_dec * s->kv_elt + (double)n_dec * s->qo);
         }
-        if (!tokens) continue;
         flops += wf;
         if (flops_only) continue;
         attn_t got, *a = &got;
@@ -1063,6 +1068,17 @@ static int price(core_t *s, replica_t *r) {
     return 0;
 }
 
+/* A request's open run of tokens, handed over as closed (batchsim/sim/itl.py: which runs are
+ * closed and which open at the end makes no difference to the records, sorted by request). */
+static void close_run(core_t *s, replica_t *r, int64_t rid) {
+    int64_t j = r->nclosed++, cap = s->gap_cap;
+    r->g_run[j] = rid;
+    r->g_run[cap + j] = s->run_start[rid];
+    r->g_run[2 * cap + j] = s->run_end[rid];
+    r->g_entry[j] = s->run_entry[rid];
+    s->run_rep[rid] = -1;
+}
+
 static void advance_and_record(core_t *s, replica_t *r, int ri) {
     /* Replica._advance then Replica._record; tokens are stamped when their clients have them
      * (batchsim/sim/frontend.py delivered_at) */
@@ -1095,13 +1111,7 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
             if (s->run_rep[rid] == ri && s->run_end[rid] == kstep - 1) {
                 s->run_end[rid] = kstep;
             } else {
-                if (s->run_rep[rid] >= 0) {
-                    int64_t j = r->nclosed++, cap = s->gap_cap;
-                    r->g_run[j] = rid;
-                    r->g_run[cap + j] = s->run_start[rid];
-                    r->g_run[2 * cap + j] = s->run_end[rid];
-                    r->g_entry[j] = s->run_entry[rid];
-                }
+                if (s->run_rep[rid] >= 0) close_run(s, r, rid);
                 s->run_rep[rid] = ri;
                 s->run_start[rid] = s->run_end[rid] = kstep;
                 s->run_entry[rid] = gap;
@@ -1121,6 +1131,12 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
             s->run_rep[rid] = ri;
             s->run_start[rid] = s->run_end[rid] = kstep;
             s->run_entry[rid] = NAN;
+        }
+    }
+    if (ndone) {  /* a finished request's run is closed (core_frontier: open runs are of unfinished ones) */
+        for (int64_t j = 0; j < r->nrows; j++) {
+            int64_t rid = r->rows_rid[j];
+            if (s->finished[rid] && s->run_rep[rid] >= 0) close_run(s, r, rid);
         }
     }
     if (ndone && !r->hold_finished) {
@@ -1824,7 +1840,7 @@ int core_run(core_t *s) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
             if (r->nsteps + 1 > s->step_cap || r->nt + 1 > s->gap_cap
-                || r->nclosed + s->max_rows > s->gap_cap) return CORE_FLUSH;
+                || r->nclosed + 2 * s->max_rows > s->gap_cap) return CORE_FLUSH;  /* (a row closes up to 2 runs a step) */
         }
         if (s->has_horizon && !(next_event(s)->t < s->horizon)) break;
         event_t e = heap_pop(s);
@@ -1899,6 +1915,29 @@ int64_t core_held(core_t *s) {
     return held;
 }
 
+/* Per replica, the first token step an open run began at (its token steps so far when none is
+ * open): every run that covers an earlier step gap is closed, and handed over (batchsim/sim/itl.py
+ * ItlAhead). Open runs are of unfinished requests, running or waiting (preempted); a rejected
+ * request's run, left open, is not counted (a run with one makes ItlAhead's pieces unusable). */
+void core_frontier(core_t *s, int64_t *out) {
+    for (int64_t i = 0; i < s->n_rep; i++) {
+        replica_t *r = &s->reps[i];
+        int64_t f = r->kt;
+        for (int64_t j = 0; j < r->nrun; j++) {
+            int64_t rid = r->run[j];
+            if (s->run_rep[rid] >= 0 && s->run_start[rid] < f) f = s->run_start[rid];
+        }
+        for (int64_t j = 0, found = 0; j < r->wlen && found < r->wait_open; j++) {
+            int64_t rid = wq_at(r, j);  /* (preempted requests wait at the queue's front) */
+            if (s->run_rep[rid] >= 0) {
+                found++;
+                if (s->run_start[rid] < f) f = s->run_start[rid];
+            }
+        }
+        out[i] = f;
+    }
+}
+
 void core_flushed(core_t *s) {
     for (int64_t i = 0; i < s->n_rep; i++) {
         s->reps[i].nsteps = 0;
@@ -1917,6 +1956,27 @@ void core_columns(const int64_t *src, int64_t *dst, int64_t rows, int64_t cols, 
         for (int64_t c = 0; c < cols; c++) {
             int64_t *to = dst + c * dst_stride;
             for (int64_t r = r0; r < r1; r++) to[r] = src[r * cols + c];
+        }
+    }
+}
+
+/* A block of step records into the columns of their rows: dst[c] + offset (c < cols) gets field c
+ * of rows 0..rows-1, as int32 where width[c] is 4 (an int64 cast as numpy casts it, C's
+ * conversion) and as the 8 bytes themselves otherwise, a few rows at a time (core_columns). The
+ * step stream's own arrays (batchsim/sim/records.py Columns.reserve): no copy in between. */
+void core_columns_to(const int64_t *src, int64_t rows, int64_t cols, const int64_t *dst, const int64_t *width,
+                     int64_t offset) {
+    enum { BLOCK = 64 };
+    for (int64_t r0 = 0; r0 < rows; r0 += BLOCK) {
+        int64_t r1 = r0 + BLOCK < rows ? r0 + BLOCK : rows;
+        for (int64_t c = 0; c < cols; c++) {
+            if (width[c] == 4) {
+                int32_t *to = (int32_t *)(intptr_t)dst[c] + offset;
+                for (int64_t r = r0; r < r1; r++) to[r] = (int32_t)src[r * cols + c];
+            } else {
+                int64_t *to = (int64_t *)(intptr_t)dst[c] + offset;
+                for (int64_t r = r0; r < r1; r++) to[r] = src[r * cols + c];
+            }
         }
     }
 }

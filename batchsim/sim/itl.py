@@ -34,7 +34,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["EmptyError", "TokenSteps", "Times", "ItlRecords", "weighted_percentile", "weighted_summary", "RUN_FIELDS"]
+__all__ = ["EmptyError", "TokenSteps", "Times", "ItlRecords", "ItlAhead", "FirstPass", "weighted_percentile",
+           "weighted_summary", "RUN_FIELDS"]
 
 RUN_FIELDS = ("rid", "replica", "start", "end", "entry")
 _PIECE = 1 << 20  # token steps per piece of gaps (ItlRecords.pieces)
@@ -118,9 +119,10 @@ class Times:
 class ItlRecords:
     """The token-step times and request runs of one run (see the module docstring)."""
 
-    __slots__ = ("times", "rid", "replica", "start", "end", "entry")
+    __slots__ = ("times", "rid", "replica", "start", "end", "entry", "ahead")
 
     def __init__(self, times: Sequence, rid, replica, start, end, entry) -> None:
+        self.ahead: ItlAhead | None = None  # (the first pieces' first pass, made as the run went)
         self.times = [t if isinstance(t, Times) else Times([t]) for t in times]
         rid = np.asarray(rid, dtype=np.int64)
         start = np.asarray(start, dtype=np.int64)
@@ -165,7 +167,18 @@ class ItlRecords:
         m = np.zeros(len(self.rid), dtype=bool)
         inside = self.rid < len(keep)
         m[inside] = keep[self.rid[inside]]
-        return ItlRecords(self.times, *(getattr(self, f)[m] for f in RUN_FIELDS))
+        out = ItlRecords(self.times, *(getattr(self, f)[m] for f in RUN_FIELDS))
+        if m.all():  # (the same runs: the same pieces)
+            out.ahead = self.ahead
+        return out
+
+    def first_pass(self, transform: Callable = lambda v, c: (v, c)) -> tuple:
+        """``(first, rest)`` for :func:`weighted_summary` over ``transform``'s pieces: the first pass
+        :attr:`ahead` made and the pieces after its own, or ``(None, None)`` when there is none."""
+        ahead = self.ahead
+        if ahead is None or ahead.failed or ahead.transform is not transform:
+            return None, None
+        return ahead.first, lambda: (transform(v, c) for v, c in self.pieces(start=[ahead.next_lo]))
 
     def clip(self, horizon: float) -> tuple["ItlRecords", np.ndarray]:
         """The gaps the clients have by ``horizon`` (tokens delivered after it dropped) and the rids
@@ -181,35 +194,21 @@ class ItlRecords:
                          self.start[live], end[live], self.entry[live])
         return out, np.unique(self.rid[lost])
 
-    def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def pieces(self, start: Sequence[int] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Every gap as ``(values, counts)`` pieces (seconds; counts > 0), a bounded number of
         token steps at a time: each step gap with how many runs cover it, then the runs' entry
-        gaps. Memory: one piece, however many gaps."""
+        gaps. Memory: one piece, however many gaps. ``start``: per replica, the step gap its
+        pieces begin at (1, or past pieces already summed: :class:`ItlAhead`)."""
         for r, t in enumerate(self.times):
             m = self.replica == r
             if len(t) < 2 or not m.any():
                 continue
             a = np.sort(self.start[m] + 1)  # (a run covers the step gaps start+1 .. end)
             b = np.sort(self.end[m] + 1)
-            for lo in range(1, len(t), _PIECE):
-                hi = min(lo + _PIECE, len(t))
-                a0, a1 = np.searchsorted(a, (lo, hi))
-                b0, b1 = np.searchsorted(b, (lo, hi))
-                # (the coverage is constant between the places where a run begins (+1) or ends
-                # (-1): few, so it is found per stretch and then repeated over each stretch)
-                at = np.concatenate(([0], a[a0:a1] - lo, b[b0:b1] - lo))
-                delta = np.concatenate(([int(a0) - int(b0)], np.ones(a1 - a0, dtype=np.int64),
-                                        np.full(b1 - b0, -1, dtype=np.int64)))
-                order = np.argsort(at, kind="stable")
-                at = at[order]
-                level = np.cumsum(delta[order])  # (each stretch's coverage; stretches between equal places are empty)
-                length = np.diff(np.append(at, hi - lo))
-                covered = level > 0
-                if covered[length > 0].all():  # (every step gap of the piece covered, as in a busy replica)
-                    yield t.gaps(lo, hi), np.repeat(level, length)
-                    continue
-                if length[covered].any():
-                    yield t.gaps(lo, hi)[np.repeat(covered, length)], np.repeat(level[covered], length[covered])
+            for lo in range(1 if start is None else start[r], len(t), _PIECE):
+                got = _piece(t, a, b, lo, min(lo + _PIECE, len(t)))
+                if got is not None:
+                    yield got
         e = self.entry[~np.isnan(self.entry)]
         if len(e):
             yield e, np.ones(len(e), dtype=np.int64)
@@ -259,6 +258,88 @@ class ItlRecords:
             top = f.groupby("rid")["gap"].max()
             out = top.reindex(rids).fillna(0.0).to_numpy()
         return out
+
+
+def _piece(t: Times, a: np.ndarray, b: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The step gaps ``lo..hi-1`` of one replica's token-step times ``t`` that runs cover, with how
+    many cover each (None when none is): :meth:`ItlRecords.pieces`' piece. ``a``, ``b``: the runs'
+    ``start + 1`` and ``end + 1``, sorted; only those of runs that cover a gap of the piece or
+    begin before it matter (a run that ends before ``lo`` counts in neither or both of ``a0, b0``)."""
+    a0, a1 = np.searchsorted(a, (lo, hi))
+    b0, b1 = np.searchsorted(b, (lo, hi))
+    # (the coverage is constant between the places where a run begins (+1) or ends
+    # (-1): few, so it is found per stretch and then repeated over each stretch)
+    at = np.concatenate(([0], a[a0:a1] - lo, b[b0:b1] - lo))
+    delta = np.concatenate(([int(a0) - int(b0)], np.ones(a1 - a0, dtype=np.int64),
+                            np.full(b1 - b0, -1, dtype=np.int64)))
+    order = np.argsort(at, kind="stable")
+    at = at[order]
+    level = np.cumsum(delta[order])  # (each stretch's coverage; stretches between equal places are empty)
+    length = np.diff(np.append(at, hi - lo))
+    covered = level > 0
+    if covered[length > 0].all():  # (every step gap of the piece covered, as in a busy replica)
+        return t.gaps(lo, hi), np.repeat(level, length)
+    if length[covered].any():
+        return t.gaps(lo, hi)[np.repeat(covered, length)], np.repeat(level[covered], length[covered])
+    return None
+
+
+class ItlAhead:
+    """The first pass of a one-replica run's pieces (:class:`FirstPass` over ``transform(values,
+    counts)``), made as the run goes: the compiled core hands over each block's token-step times,
+    the runs it closed and its frontier (``core_frontier``: every run that covers an earlier step
+    gap is closed), and each whole piece of :meth:`ItlRecords.pieces` that ends by then is made
+    from the closed runs (:func:`_piece`: the same values and counts) and counted in, in order.
+    The summary then adds the pieces from :attr:`next_lo` on and the entry gaps
+    (:meth:`ItlRecords.first_pass`), when the runs it sums are every run of the records
+    (:meth:`ItlRecords.select` keeps it only then): the same pieces, in the same order, summed the
+    same way, so the same bits as the first pass after the run.
+
+    NOTE: the main thread waits for the core thread at 1M padded requests (~10 s), so this half of
+    the ITL summary's work costs no wall time there; one replica only (the pieces go replica by
+    replica, and the sum's order with them)."""
+
+    def __init__(self, transform: Callable) -> None:
+        self.transform = transform
+        self.first = FirstPass()
+        self.next_lo = 1  # the first step gap of the next piece
+        self.pieces = 0  # pieces made
+        self.failed = False  # (a piece the first pass refused: the summary makes it again, and says why)
+        self._chunks: list[np.ndarray] = []  # token-step times from _base on
+        self._base = 0
+        self._k = 0  # token steps so far
+        self._a = np.zeros(0, dtype=np.int64)  # closed runs' start + 1 and end + 1 (those ending before next_lo dropped)
+        self._b = np.zeros(0, dtype=np.int64)
+
+    def feed(self, times: np.ndarray | None, start: np.ndarray | None, end: np.ndarray | None, frontier: int) -> None:
+        """A block's token-step times, the starts and ends of the runs closed in it, and the core's
+        frontier after it."""
+        if times is not None and len(times):
+            self._chunks.append(times)
+            self._k += len(times)
+        if start is not None and len(start):
+            self._a = np.concatenate((self._a, start + 1))
+            self._b = np.concatenate((self._b, end + 1))
+        ready = min(self._k, int(frontier) + 1)  # (pieces ending by here: hi <= ready)
+        while not self.failed and self.next_lo + _PIECE <= ready:
+            self._one(self.next_lo, self.next_lo + _PIECE)
+
+    def _one(self, lo: int, hi: int) -> None:
+        base = self._base  # (indices from _base on: the chunks before it were dropped)
+        got = _piece(Times(self._chunks), np.sort(self._a) - base, np.sort(self._b) - base, lo - base, hi - base)
+        if got is not None:
+            try:
+                self.first.add(*self.transform(*got))
+            except ValueError:
+                self.failed = True
+                return
+            self.pieces += 1
+        self.next_lo = hi
+        keep = self._b >= hi  # (a run ending before the next piece counts in neither or both of its a0, b0)
+        self._a, self._b = self._a[keep], self._b[keep]
+        while self._chunks and base + len(self._chunks[0]) <= hi - 1:  # (the next piece reads times from hi - 1)
+            base += len(self._chunks.pop(0))
+        self._base = base
 
 
 def _lerp(a: float, b: float, t: float) -> float:
@@ -354,37 +435,63 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
         thread.join()
 
 
+class FirstPass:
+    """:func:`weighted_summary`'s first pass over ``(values, counts)`` pieces (values >= 0), one
+    piece at a time, in the pieces' order (:meth:`add`): the count, the sum (each piece's weighted
+    sum added in turn) and a histogram of fine buckets (:func:`_keys`); up to ``_FEW`` values, the
+    pieces themselves instead of the histogram (then no second pass)."""
+
+    __slots__ = ("n", "total", "hist", "base", "kept", "few")
+
+    def __init__(self) -> None:
+        self.n, self.total, self.hist, self.base = 0, 0.0, np.zeros(0, dtype=np.int64), 0
+        self.kept: list | None = []  # the pieces themselves while they are few (then no histogram, one pass)
+        self.few = 0
+
+    def copy(self) -> "FirstPass":
+        out = FirstPass()
+        out.n, out.total, out.hist, out.base, out.few = self.n, self.total, self.hist.copy(), self.base, self.few
+        out.kept = None if self.kept is None else list(self.kept)
+        return out
+
+    def add(self, v: np.ndarray, c: np.ndarray) -> None:
+        """Count the piece ``(v, c)`` in, after every piece added before."""
+        if not len(v):
+            return
+        least, most = float(v.min()), float(v.max())
+        if not least >= 0:  # (NaN too)
+            raise ValueError(f"weighted_summary needs values >= 0, got {least!r}")
+        self.n += int(c.sum())
+        cf = c.astype(np.float64)  # (the products' and the histogram's counts: converted once)
+        self.total += float(_sum(v * cf))  # (the same products as v * c: numpy converts c to these floats)
+        if self.kept is not None:
+            self.kept.append((v, c))
+            self.few += len(v)
+            if self.few <= _FEW:
+                return
+            for x, y in self.kept:
+                self.hist, self.base = _add_hist(self.hist, self.base, x, y, float(x.min()), float(x.max()))
+            self.kept = None
+        else:
+            self.hist, self.base = _add_hist(self.hist, self.base, v, cf, least, most)
+
+
 def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
-                     percentiles: Sequence[float]) -> tuple[int, float, float, list[float]]:
+                     percentiles: Sequence[float], first: FirstPass | None = None,
+                     rest: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]] | None = None,
+                     ) -> tuple[int, float, float, list[float]]:
     """``(n, mean, std, [percentile...])`` of the multiset the ``(values, counts)`` pieces make
     (values >= 0; ``pieces()`` is called twice and must give the same pieces): the percentiles
     equal ``np.percentile(np.repeat(values, counts), p)`` (its default 'linear' method) exactly;
     mean and std are the weighted sums (numpy's ``mean``/``std`` within rounding). Two passes:
-    the count, sum and a histogram of fine buckets (:func:`_keys`), then the sum of squares and
-    the values of the buckets that hold the ranks the percentiles need, sorted. Up to ``_FEW``
-    pieces' values, one pass: the kept values sorted outright."""
-    n, total, hist, base = 0, 0.0, np.zeros(0, dtype=np.int64), 0
-    kept: list | None = []  # the pieces themselves while they are few (then no histogram, one pass)
-    few = 0
-    for v, c in _ahead(pieces()):
-        if not len(v):
-            continue
-        least, most = float(v.min()), float(v.max())
-        if not least >= 0:  # (NaN too)
-            raise ValueError(f"weighted_summary needs values >= 0, got {least!r}")
-        n += int(c.sum())
-        cf = c.astype(np.float64)  # (the products' and the histogram's counts: converted once)
-        total += float(_sum(v * cf))  # (the same products as v * c: numpy converts c to these floats)
-        if kept is not None:
-            kept.append((v, c))
-            few += len(v)
-            if few <= _FEW:
-                continue
-            for x, y in kept:
-                hist, base = _add_hist(hist, base, x, y, float(x.min()), float(x.max()))
-            kept = None
-        else:
-            hist, base = _add_hist(hist, base, v, cf, least, most)
+    the count, sum and a histogram of fine buckets (:class:`FirstPass`), then the sum of squares
+    and the values of the buckets that hold the ranks the percentiles need, sorted. Up to
+    ``_FEW`` pieces' values, one pass: the kept values sorted outright. ``first``: the first pass
+    over the pieces before those of ``rest()`` already made (:class:`ItlAhead`): the same bits."""
+    first, rest = (FirstPass(), pieces) if first is None else (first.copy(), rest)
+    for v, c in _ahead(rest()):
+        first.add(v, c)
+    n, total, hist, base, kept = first.n, first.total, first.hist, first.base, first.kept
     if n == 0:
         raise EmptyError("no values")
     mean = total / n

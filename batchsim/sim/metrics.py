@@ -27,7 +27,7 @@ from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 from batchsim.sim.table import column
 
-__all__ = ["RunTotals", "summarize", "pool_utilization", "ms_stats", "weighted_stats", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
+__all__ = ["RunTotals", "summarize", "pool_utilization", "ms_stats", "weighted_stats", "ms_piece", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
            "rejections_by_kind", "latency_keys", "thin_window"]
 
 PERCENTILES = (50, 90, 99)
@@ -104,14 +104,23 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:
     return {f"{k}_{prefix}_ms": v for k, v in ms_stats(values_s).items()}
 
 
-def weighted_stats(prefix: str, pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> dict[str, float | None]:
+def ms_piece(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A ``(values, counts)`` piece of seconds as the summary's milliseconds."""
+    return values * 1000.0, counts
+
+
+def weighted_stats(prefix: str, pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]],
+                   first=None, rest: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]] | None = None,
+                   ) -> dict[str, float | None]:
     """:func:`_stats` of values (seconds) repeated ``counts`` times, from ``(values, counts)``
     pieces (batchsim.sim.itl.weighted_summary: the percentiles equal np.percentile's exactly,
-    the mean and std the weighted sums), without repeating them."""
+    the mean and std the weighted sums), without repeating them. ``first``, ``rest``: a first
+    pass already made over the pieces before ``rest()``'s, in milliseconds
+    (batchsim.sim.itl.ItlRecords.first_pass with :func:`ms_piece`)."""
     keys = ["median" if p == 50 else f"p{p}" for p in PERCENTILES]
-    ms = lambda: ((v * 1000.0, c) for v, c in pieces())  # noqa: E731
+    ms = lambda: (ms_piece(v, c) for v, c in pieces())  # noqa: E731
     try:
-        _, mean, std, pct = weighted_summary(ms, PERCENTILES)
+        _, mean, std, pct = weighted_summary(ms, PERCENTILES, first, rest)
     except EmptyError:
         return {f"mean_{prefix}_ms": None, f"std_{prefix}_ms": None, **{f"{k}_{prefix}_ms": None for k in keys}}
     out = {f"mean_{prefix}_ms": mean, f"std_{prefix}_ms": std}
@@ -201,7 +210,7 @@ def summarize(requests, steps: StepTotals, itl: ItlRecords,
     }
     s.update(_stats("ttft", column(done, "ttft", float)))
     s.update(_stats("tpot", column(done, "tpot", float)))
-    s.update(weighted_stats("itl", gaps.pieces))
+    s.update(weighted_stats("itl", gaps.pieces, *gaps.first_pass(ms_piece)))
     s.update(_stats("e2el", column(done, "e2el", float)))
     max_itl = _max(column(done, "max_itl", np.float64)) * 1000.0 if len(done) else math.nan
     s["max_itl_ms"] = max_itl if math.isfinite(max_itl) else None

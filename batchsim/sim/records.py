@@ -111,6 +111,23 @@ class Columns:
         else:
             self._n = n + k
 
+    def reserve(self, k: int) -> tuple[int, list[np.ndarray]] | None:
+        """Where the next ``k`` rows go, for a writer that fills the arrays in place (then
+        :meth:`commit`): their first row and the arrays (grown to hold them); None while appended
+        rows wait (they come first, in places not yet written)."""
+        if self._rows:
+            return None
+        n = self._n
+        if n + k > len(self._arrays[0]):
+            self._grow(n + k)
+        return n, self._arrays
+
+    def commit(self, k: int) -> list[np.ndarray]:
+        """The ``k`` rows :meth:`reserve` gave were written: they are rows now (views of them)."""
+        n = self._n
+        self._n = n + k
+        return [a[n:n + k] for a in self._arrays]
+
     def drop_front(self, k: int) -> None:
         """Forget the first ``k`` rows: the rest move to the front of the same arrays (which
         are reused, so a view of them handed out earlier sees its values change)."""
@@ -362,6 +379,17 @@ class StepStream:
         self.totals.extend(*columns, count=count)
         if self._buf is not None:
             self._buf.extend(*columns, count=count)
+
+    def reserve(self, k: int) -> tuple[int, list[np.ndarray]] | None:
+        """Where the next ``k`` rows go in the step buffer's own arrays (:meth:`Columns.reserve`),
+        for a writer that fills them in place and then calls :meth:`commit`; None without a
+        buffer, or while appended rows wait."""
+        return None if self._buf is None else self._buf.reserve(k)
+
+    def commit(self, k: int) -> None:
+        """The ``k`` rows :meth:`reserve` gave were written: they go on as :meth:`extend`'s do."""
+        self._count += k
+        self.totals.extend(*self._buf.commit(k), count=k)
 
     def settle(self, now: float, force: bool = False) -> None:
         """Hand the sink every row that ends before ``now``, in the canonical order, once at
