@@ -343,14 +343,16 @@ def test_progress_reports_a_run_in_flight():
     assert 0 < first["sim_s"] <= last["sim_s"]
 
 
+@pytest.mark.parametrize("sets", [2, 16])
 @pytest.mark.parametrize("policy,extra", [("static", {}), ("chunked_prefill", {"replicas": 3, "router": "least_kv"}),
                                           ("continuous", {"horizon_s": 14.0})])
-def test_records_read_while_the_core_runs_on_are_exact(policy, extra, tmp_path, monkeypatch):
-    """The core runs on into a second set of buffers while the first is read (run_core): with
-    buffers of a few dozen steps and gaps (hundreds of hand-overs) every record is still the
-    Python engine's, byte for byte."""
+def test_records_read_while_the_core_runs_on_are_exact(policy, extra, sets, tmp_path, monkeypatch):
+    """The core runs on into the next free set of buffers while the ones it filled are read
+    (run_core): with buffers of a few dozen steps and gaps (hundreds of hand-overs), two sets or
+    sixteen, every record is still the Python engine's, byte for byte."""
     monkeypatch.setattr(core, "_STEP_CAP", 64)
     monkeypatch.setattr(core, "_GAP_CAP", 1)  # (the least the core takes: twice a step's rows)
+    monkeypatch.setattr(core, "_SETS", sets)
     spec = extra.get("policy", POLICIES[policy])
     out = _both(_scenario(spec, **{k: v for k, v in extra.items() if k != "policy"}), tmp_path)
     _assert_same(out)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import platform
 import stat
 import sys
@@ -42,6 +43,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +88,8 @@ def _rep_info(i: int) -> int:
     closed runs]."""
     return 5 + 4 * i
 _STEP_CAP = 16384  # step records per replica handed over at a time (fewer with many replicas)
-_GAP_CAP = 1 << 17  # gaps per replica likewise (at least twice the most rows a step can have)
+_GAP_CAP = 1 << 17  # token steps and closed runs per replica likewise (at least twice a step's rows)
+_SETS, _SETS_BYTES = 16, 64 << 20  # sets of record buffers the core fills in turn (run_core), and their most bytes
 
 _lib: ctypes.CDLL | None = None
 _lib_path: Path | None = None  # where the loaded library came from
@@ -539,58 +542,55 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                    router_rng)
     reps = len(kv_blocks)
     info, dense, req_i, req_f = (a[k] for k in ("info", "dense", "req_i", "req_f"))
-    sets = [tuple(a[k] for k in _BUFFERS), tuple(np.empty_like(a[k]) for k in _BUFFERS)]
+    first = tuple(a[k] for k in _BUFFERS)
+    per_set = sum(b.nbytes for b in first)
+    # NOTE: the core fills one set of record buffers after another while Python reads the filled
+    # ones: with two, a block whose reading takes long (a timeline chunk every 2^18 steps, ~9 ms; a
+    # piece of gaps every 2^20 token steps, ~25 ms; against ~2 ms of the core's per block) kept the
+    # core waiting as long; a 1M static run's core thread ran 31 s of its 48 s. Up to _SETS sets
+    # (as many as fit in _SETS_BYTES: two with many replicas, whose sets are large) let it run on.
+    nsets = max(2, min(_SETS, _SETS_BYTES // max(per_set, 1)))
+    sets = [first] + [tuple(np.empty_like(b) for b in first) for _ in range(nsets - 1)]
     cols = (np.empty(a["sf"].shape[:0:-1]), np.empty(a["si"].shape[:0:-1], dtype=np.int64))  # (field, step)
     if itl_ahead is not None and reps != 1:
         raise ValueError("itl_ahead takes a one-replica run")
-    frontier = np.zeros(reps, dtype=np.int64)
     into = _Into(steps)
     times: list[list[np.ndarray]] = [[] for _ in range(reps)]
     closed: list[list[np.ndarray]] = [[] for _ in range(5)]
     global _active
     _active = (lib, st, a)
-    ahead = _CoreThread(lib, st)
+
+    def need_dense() -> None:  # (on the core's thread, whose call asked: the cost model's totals)
+        lib.core_info(st, _ptr(dense_info))
+        T, s = int(dense_info[2]), int(dense_info[3])
+        dense[:] = [float(v) for v in cost.dense_totals(T, s)]
+        if lib.core_put_dense(st, T, s, _ptr(dense)):
+            raise MemoryError("the compiled core could not grow its cost table")
+
+    dense_info = np.zeros_like(info)
+    ahead = _CoreThread(lib, st, [tuple(_ptr(b) for b in bufs) for bufs in sets], reps, need_dense,
+                        itl_ahead is not None)
     try:
-        status, cur = lib.core_run(st), 0
+        ahead.start()
         while True:
-            if status == _NEED_DENSE:
-                lib.core_info(st, _ptr(info))
-                T, s = int(info[2]), int(info[3])
-                dense[:] = [float(v) for v in cost.dense_totals(T, s)]
-                if lib.core_put_dense(st, T, s, _ptr(dense)):
-                    raise MemoryError("the compiled core could not grow its cost table")
-                status = lib.core_run(st)
-                continue
+            status, cur, counts, frontier = ahead.get()
             if status == _ERR_ADMIN:
                 raise PolicyError(f"{policy.name}: no step after 100000 plans")
             if status == _ERR_IDLE:
                 raise PolicyError(f"{policy.name}: asked to idle until a time not after now")
             if status < 0:
                 raise RuntimeError(f"the compiled core stopped with status {status} (an internal invariant broke)")
-            lib.core_info(st, _ptr(info))
-            full, counts, last = sets[cur], info.copy(), status == _DONE
-            if itl_ahead is not None:  # (while the core waits: its runs as they are at the block's end)
-                lib.core_frontier(st, _ptr(frontier))
-            if not last:
-                # the core goes on into the other buffers (on a thread: ctypes lets go of the GIL)
-                # while these are read; what is read, and in what order, is as if it waited
-                cur ^= 1
-                lib.core_buffers(st, *(_ptr(b) for b in sets[cur]))
-                lib.core_flushed(st)
-                ahead.start()
-            try:
-                _flush(lib, cols, counts, reps, *full, steps, times, closed, into)
-                if itl_ahead is not None:
-                    new_t, new_c = int(counts[_rep_info(0) + 1]), int(counts[_rep_info(0) + 3])
-                    itl_ahead.feed(times[0][-1] if new_t else None, closed[2][-1] if new_c else None,
-                                   closed[3][-1] if new_c else None, int(frontier[0]))
-                if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
-                    steps.settle(float(counts[0]))
-            finally:
-                if not last:
-                    status = ahead.wait()
-            if last:
+            _flush(lib, cols, counts, reps, *sets[cur], steps, times, closed, into)
+            if itl_ahead is not None:
+                new_t, new_c = int(counts[_rep_info(0) + 1]), int(counts[_rep_info(0) + 3])
+                itl_ahead.feed(times[0][-1] if new_t else None, closed[2][-1] if new_c else None,
+                               closed[3][-1] if new_c else None, int(frontier[0]))
+            if hasattr(steps, "settle"):  # (every step still to come ends at or after the core's clock)
+                steps.settle(float(counts[0]))
+            if status == _DONE:
                 break
+            ahead.release(cur)
+        ahead.close()
         lib.core_info(st, _ptr(info))
         held = int(lib.core_held(st))
     finally:
@@ -671,9 +671,10 @@ def _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, ro
     n, reps = len(workload), len(kv_blocks)
     pairs = _pairs(router_rng if router == "power_of_two" else None, reps, workload, horizon)
     rows = min(recipe.max_num_seqs, n)
-    # NOTE: buffers shrink with many replicas (4096 replicas at full size would reserve ~19 GiB)
+    # NOTE: buffers shrink with many replicas (4096 replicas at full size would reserve ~19 GiB);
+    # a block has at most one token step a step, and is handed over before its closed runs overflow
     step_cap = max(64, min(_STEP_CAP, (1 << 20) // reps))
-    gap_cap = max(2 * rows + 16, min(_GAP_CAP, (1 << 21) // reps))
+    gap_cap = max(2 * rows + 16, min(_GAP_CAP, (1 << 21) // reps, step_cap + 2 * rows + 16))
     params = CoreParams(n_req=n, n_rep=reps, block_size=block_size, max_model_len=max_model_len,
                         max_queue_len=-1 if max_queue_len is None else max_queue_len, router=_ROUTERS[router],
                         has_horizon=int(horizon is not None), step_cap=step_cap, gap_cap=gap_cap,
@@ -711,40 +712,70 @@ _BUFFERS = ("sf", "si", "g_t", "g_run", "g_entry")  # what the core writes as it
 
 
 class _CoreThread:
-    """``core_run`` on a thread of its own, one call at a time: :meth:`start` it, :meth:`wait` for
-    its status. The core's state is touched by one thread at a time (the caller reads only the
-    buffers the core was taken off), so nothing it computes depends on the thread."""
+    """``core_run`` on a thread of its own, into one set of record buffers after another (``sets``:
+    their addresses, as core_buffers takes them; the first is core_new's). At each hand-over it
+    puts the set it filled, with copies of the core's counters then (core_info) and, when asked,
+    its frontier (core_frontier), for :meth:`get`, and goes on into a set :meth:`release` freed,
+    waiting while none is. It alone touches the core's state while it runs (Python reads only the
+    sets handed over, in order), so nothing the core computes depends on the thread; a dense
+    entry the core asks for is made on it (``need_dense``: the cost model's totals)."""
 
-    def __init__(self, lib, st) -> None:
-        self._lib, self._st = lib, st
-        self._go, self._done = threading.Semaphore(0), threading.Semaphore(0)
+    def __init__(self, lib, st, sets: list, reps: int, need_dense: Callable[[], None], frontier: bool) -> None:
+        self._lib, self._st, self._sets, self._reps = lib, st, sets, reps
+        self._need_dense, self._want_frontier = need_dense, frontier
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(1, len(sets)):
+            self._free.put(i)
+        self._filled: queue.Queue = queue.Queue()  # (a Queue: a wait on it can be interrupted)
         self._exited = threading.Event()  # (set by the thread once it can no longer touch the core)
-        self._status = 0
         self._thread: threading.Thread | None = None
         self._stop = False
 
     def _loop(self) -> None:
+        lib, st = self._lib, self._st
+        info = np.zeros(_rep_info(self._reps), dtype=np.float64)
         try:
+            cur = 0
             while True:
-                self._go.acquire()
-                if self._stop:
+                status = lib.core_run(st)
+                while status == _NEED_DENSE:
+                    self._need_dense()
+                    status = lib.core_run(st)
+                if status not in (_FLUSH, _DONE):
+                    self._filled.put((status, cur, None, None))
                     return
-                try:
-                    self._status = self._lib.core_run(self._st)
-                finally:
-                    self._done.release()
+                lib.core_info(st, _ptr(info))
+                frontier = None
+                if self._want_frontier:  # (before the core goes on: its runs as they are at the block's end)
+                    frontier = np.zeros(self._reps, dtype=np.int64)
+                    lib.core_frontier(st, _ptr(frontier))
+                self._filled.put((status, cur, info.copy(), frontier))
+                if status == _DONE or self._stop:
+                    return
+                cur = self._free.get()
+                if cur is None or self._stop:
+                    return
+                lib.core_buffers(st, *self._sets[cur])
+                lib.core_flushed(st)
+        except BaseException as e:  # (raised where the sets are read)
+            self._filled.put(e)
         finally:
             self._exited.set()
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="batchsim-core", daemon=True)
-            self._thread.start()
-        self._go.release()
+        self._thread = threading.Thread(target=self._loop, name="batchsim-core", daemon=True)
+        self._thread.start()
 
-    def wait(self) -> int:
-        self._done.acquire()
-        return self._status
+    def get(self) -> tuple:
+        """The next set filled: ``(status, set, counters, frontier)``."""
+        got = self._filled.get()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def release(self, i: int) -> None:
+        """Set ``i`` was read: the core may write it again."""
+        self._free.put(i)
 
     def close(self) -> None:
         """Stop the thread, once its call in flight has returned. An interrupt meanwhile (a
@@ -758,7 +789,7 @@ class _CoreThread:
         while True:
             try:
                 if not released:
-                    self._go.release()  # (a second release, if one was cut short, is harmless)
+                    self._free.put(None)  # (wakes a thread waiting for a free set; a second one is harmless)
                     released = True
                 while not self._exited.wait(0.05):
                     pass
