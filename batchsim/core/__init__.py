@@ -546,7 +546,7 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
     per_set = sum(b.nbytes for b in first)
     # NOTE: the core fills one set of record buffers after another while Python reads the filled
     # ones: with two, a block whose reading takes long (a timeline chunk every 2^18 steps, ~9 ms; a
-    # piece of gaps every 2^20 token steps, ~25 ms; against ~2 ms of the core's per block) kept the
+    # piece of gaps every 2^20 token steps, ~23 ms; against ~2 ms of the core's per block) kept the
     # core waiting as long; a 1M static run's core thread ran 31 s of its 48 s. Up to _SETS sets
     # (as many as fit in _SETS_BYTES: two with many replicas, whose sets are large) let it run on.
     nsets = max(2, min(_SETS, _SETS_BYTES // max(per_set, 1)))

@@ -295,9 +295,10 @@ class ItlAhead:
     (:meth:`ItlRecords.select` keeps it only then): the same pieces, in the same order, summed the
     same way, so the same bits as the first pass after the run.
 
-    NOTE: the main thread waits for the core thread at 1M padded requests (~10 s), so this half of
-    the ITL summary's work costs no wall time there; one replica only (the pieces go replica by
-    replica, and the sum's order with them)."""
+    NOTE: while the core's thread runs, the main thread has time to spare (1M static: it reads for
+    29 s of CPU, this pass included, beside the core's 31 s), so this half of the ITL summary's
+    work (~4 s after the run there) costs little wall time; one replica only (the pieces go replica
+    by replica, and the sum's order with them)."""
 
     def __init__(self, transform: Callable) -> None:
         self.transform = transform
