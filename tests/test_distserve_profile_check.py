@@ -3,21 +3,16 @@ scripts/distserve_profile_check.py gives."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.script_helpers import ROOT, load_script
+
 DOC = ROOT / "docs" / "disaggregation.md"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("distserve_profile_check", ROOT / "scripts" / "distserve_profile_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("distserve_profile_check")
 
 
 def test_the_docs_step_table_is_what_the_script_prints(script):

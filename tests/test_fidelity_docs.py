@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from batchsim.engines import PRESETS, preset_markdown
+from tests.script_helpers import load_script
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
 
@@ -19,13 +20,7 @@ def test_the_doc_shows_each_preset_as_its_file_holds_it(name):
 
 
 def _script():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "published_check.py"
-    spec = importlib.util.spec_from_file_location("published_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("published_check")
 
 
 @pytest.mark.parametrize("case", ["M06", "M23b", "M43", "M46b"])

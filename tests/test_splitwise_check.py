@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.script_helpers import ROOT, load_script
+
 DOC = ROOT / "docs" / "disaggregation.md"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("splitwise_check", ROOT / "scripts" / "splitwise_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("splitwise_check")
 
 
 @pytest.fixture(scope="module")
