@@ -320,29 +320,25 @@ class DisaggCluster(Cluster):
         self._take_blocks(pool.replica)
 
     def _take_blocks(self, replica: Replica) -> None:
-        """A decode replica's plan may have freed blocks: the waiting requests take them (the pairing's
-        rule), after the livelock check."""
+        """A decode replica's plan may have freed blocks: after the livelock check, the requests waiting
+        for its blocks take them by the pairing's rule, first come first served, but not while a
+        preempted request (which holds no KV) waits in its queue for its own blocks: vLLM's scheduler
+        reaches that one first, SGLang resumes retracted requests first."""
         waiting = replica.waiting
         if waiting and waiting[0].num_preemptions >= LIVELOCK_PREEMPTIONS:
             self.livelocked.append(replica.index)
             raise Livelock(f"decode replica {replica.index} livelocked at {self.env.now:.6g} s: request "
                            f"{waiting[0].rid} was preempted {LIVELOCK_PREEMPTIONS} times")
-        if self.pairing == "at_arrival":
-            self._preallocate(replica)
-        else:
-            self._admit_transfers(replica)
-
-    def _admit_transfers(self, replica: Replica) -> None:
-        """Take decode blocks for the waiting transfers, first come first served, as they are free and
-        as vLLM's scheduler reaches them: behind every request already in the replica's queue, so
-        not while a preempted request (which holds no KV) waits there for its blocks."""
         pos = replica.index - self.decode[0].index
         queue = self.alloc[pos]
-        if not queue:
+        if not queue or any(replica.kv.held(s.rid) == 0 for s in waiting):
             return
+        (self._preallocate if self.pairing == "at_arrival" else self._admit_transfers)(replica, pos, queue)
+
+    def _admit_transfers(self, replica: Replica, pos: int, queue: deque) -> None:
+        """pairing after_prefill: the waiting transfers take their blocks as they are free and as vLLM's
+        scheduler reaches them, behind every request already in the replica's queue."""
         kv, now = replica.kv, self.env.now
-        if any(kv.held(s.rid) == 0 for s in replica.waiting):
-            return
         while queue:
             seq, src, hold, step_start, prefill_end = queue[0]
             if kv.blocks_needed(seq, hold) > kv.free_blocks:
@@ -353,20 +349,13 @@ class DisaggCluster(Cluster):
             # (per_layer overlaps the prefill only if the blocks were free when it ended)
             self._transfer(seq, src, pos, step_start, prefill_end)
 
-    def _preallocate(self, replica: Replica) -> None:
-        """pairing at_arrival: the requests paired with this decode replica take their blocks first come
-        first served while ``blocks x block_size + reserved_tokens`` of each fits in what is free less
-        ``reserved_tokens`` for every request the replica runs, holds in its queue or has pre-allocated,
-        and the first that does not fit stops the pass (SGLang's ``DecodePreallocQueue.pop_preallocated``);
-        not while a preempted request waits there without its KV (SGLang resumes retracted requests
-        first). A request that has its blocks enters its prefill replica's queue."""
-        pos = replica.index - self.decode[0].index
-        queue = self.alloc[pos]
-        if not queue:
-            return
+    def _preallocate(self, replica: Replica, pos: int, queue: deque) -> None:
+        """pairing at_arrival: the requests paired with this decode replica take their blocks while
+        ``blocks x block_size + reserved_tokens`` of each fits in what is free less ``reserved_tokens``
+        for every request the replica runs, holds in its queue or has pre-allocated, and the first that
+        does not fit stops the pass (SGLang's ``DecodePreallocQueue.pop_preallocated``). A request that
+        has its blocks enters its prefill replica's queue."""
         kv, now, reserve = replica.kv, self.env.now, self.reserved_tokens
-        if any(kv.held(s.rid) == 0 for s in replica.waiting):
-            return
         allocatable = (kv.free_blocks * kv.block_size
                        - reserve * (len(replica.running) + len(replica.waiting) + self.bound[pos]))
         while queue:
