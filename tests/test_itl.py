@@ -330,3 +330,52 @@ def test_a_failed_piece_made_ahead_leaves_the_error_to_the_summary(monkeypatch):
     assert rec.first_pass(ahead.transform) == (None, None)
     with pytest.raises(ValueError, match="values >= 0"):
         weighted_summary(rec.pieces, [50])
+
+
+def _bits(a):
+    return np.asarray(a, dtype=np.float64).view(np.int64)
+
+
+@pytest.mark.parametrize("case", ["clock-hours", "clock-minutes", "clock-days", "idle-gaps", "anything"])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_packed_times_give_back_the_same_bits_in_fewer_bytes(case, monkeypatch):
+    """Token-step times are kept packed (itl.Packed: bit-pattern steps in 4 or 5 B): unpacked, sliced,
+    differenced and counted they are the floats that went in, bit for bit, whatever they are
+    (unordered, NaN, -0.0, inf: the far steps, or the floats kept as they are), and typical clocks
+    take 4 to 6 of the floats' 8 B a time. Chunks are split (``_SPLIT``) and read across their edges."""
+    monkeypatch.setattr(itl_mod, "_SPLIT", 1000)
+    rng = np.random.default_rng(len(case))
+    step = rng.exponential(0.02, 5000)
+    t = {"clock-hours": 3600 * 9 + np.cumsum(step), "clock-minutes": 120 + np.cumsum(step),
+         "clock-days": 86400 * 40 + np.cumsum(step),
+         "idle-gaps": np.cumsum(np.where(rng.random(5000) < 0.01, 50.0, step)),
+         "anything": np.concatenate([rng.normal(0, 1e6, 4990), [np.nan, -0.0, 0.0, np.inf, -np.inf, 5e-324,
+                                                                 -5e-324, 1e308, -1e308, np.nan]])}[case]
+    times = itl_mod.Times(np.split(t, [7, 2500, 2501]))
+    assert np.array_equal(_bits(times[0:len(t)]), _bits(t)) and len(times) == len(t)
+    assert np.array_equal(_bits(times[999:2002]), _bits(t[999:2002]))
+    for lo, hi in ((1, len(t)), (1000, 1001), (999, 3001), (2501, 2502)):
+        assert np.array_equal(_bits(times.gaps(lo, hi)), _bits(t[lo:hi] - t[lo - 1:hi - 1]))
+    if case != "anything":
+        for x in (-1.0, t[0], t[999], t[1000], t[2500], t[-1], t[-1] + 1, np.nextafter(t[1500], 0)):
+            assert times.count_at_most(x) == int(np.searchsorted(t, x, "right"))
+        # (bytes a time: a clock of days spaces its floats ~10^-11 s apart, so a 20 ms step is ~10^9
+        # patterns (4 B); of hours, ~10^10 (5 B); of minutes, ~10^12 (6 B); idle gaps kept whole)
+        width = {"clock-days": 4, "clock-hours": 5, "clock-minutes": 6, "idle-gaps": 6}[case]
+        far = 16 * int((np.diff(t) > 1.0).sum())
+        assert times.nbytes <= width * len(t) + far, (case, times.nbytes)
+    else:  # (no width packs them smaller: kept as floats; a chunk of one time keeps only its head)
+        assert times.nbytes <= t.nbytes
+
+
+def test_a_core_run_keeps_its_token_steps_packed():
+    """The compiled core's token-step times are kept packed as blocks arrive (not packed at the end
+    from floats: the floats of a million-request static run are 1.8 GiB), and they are the times the
+    SimPy engine's records hold, bit for bit."""
+    sc = _scenario(POLICIES["static"])
+    got = {e: simulate(scenario_from_dict(dict(sc, engine=e)), build_parts(scenario_from_dict(sc)))
+           for e in ("core", "python")}
+    core_t, py_t = got["core"].itl.times[0], got["python"].itl.times[0]
+    assert all(isinstance(c, itl_mod.Packed) for c in core_t._chunks) and len(core_t) > 100
+    assert np.array_equal(_bits(core_t[0:len(core_t)]), _bits(py_t[0:len(py_t)]))
+    assert core_t.nbytes <= 6 * len(core_t) + 200 * len(core_t._chunks)  # (a short run: a clock of minutes)

@@ -52,7 +52,7 @@ from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, empty_requests
 from batchsim.sim.table import Table
-from batchsim.sim.itl import ItlAhead, ItlRecords, Times
+from batchsim.sim.itl import ItlAhead, ItlRecords, Packed, Times
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 
 __all__ = ["CoreRun", "unsupported", "run_core", "library", "library_error", "library_path", "packaged_libraries"]
@@ -848,7 +848,7 @@ def _flush(lib, cols, info, reps, sf, si, g_t, g_run, g_entry, steps, times, clo
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)
         t = int(info[_rep_info(i) + 1])
         if t:
-            times[i].append(g_t[i, :t].copy())
+            times[i].append(Packed(g_t[i, :t]))  # (4 B a time: itl.Packed)
         c = int(info[_rep_info(i) + 3])
         if c:
             for col, v in zip(closed, (g_run[i, 0, :c], np.full(c, i, dtype=np.int64), g_run[i, 1, :c],

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import math
 import queue
+import sys
 import threading
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["EmptyError", "TokenSteps", "Times", "ItlRecords", "ItlAhead", "FirstPass", "weighted_percentile",
+__all__ = ["EmptyError", "TokenSteps", "Packed", "pack", "Times", "ItlRecords", "ItlAhead", "FirstPass", "weighted_percentile",
            "weighted_summary", "RUN_FIELDS"]
 
 RUN_FIELDS = ("rid", "replica", "start", "end", "entry")
@@ -63,19 +64,112 @@ class TokenSteps:
         self.closed: list[tuple] = []
 
 
+_SPLIT = 1 << 16  # times per packed chunk at most (a chunk is unpacked whole when read)
+_NONE = np.zeros(0, dtype=np.int64)
+_LITTLE = sys.byteorder == "little"
+_HIGH = {40: np.uint8, 48: np.uint16}  # (the bits kept above the low 32, by width)
+
+
+class Packed:
+    """One chunk of token-step times in 4 to 6 B a time where 8 B would hold the floats: the first
+    time's bit pattern, then each time's distance from the one before *in bit patterns* (as int64:
+    for floats >= 0 the patterns are ordered as the values). A step of tens of milliseconds at a
+    clock of hours is 10^8 to 10^10 patterns (the float's spacing there is 10^-12 to 10^-10 s), so a
+    chunk keeps the distances' low 32 bits and, if more are needed, the next 8 or 16: the fewest
+    bits that all but a 64th of its distances fit; those that do not (an idle gap of seconds, or
+    anything unordered: int64 arithmetic wraps and unwraps exactly) are kept whole in ``far``. A
+    chunk no width packs smaller keeps its floats (``raw``). :meth:`array` gives back the same
+    float64 bits, whatever they were. A million-request static run keeps 242M token-step times:
+    1.8 GiB as floats."""
+
+    __slots__ = ("n", "head", "last", "low", "high", "far_at", "far", "raw")
+
+    def __init__(self, t: np.ndarray) -> None:
+        t = np.ascontiguousarray(t, dtype=np.float64)
+        self.n = len(t)
+        self.last = float(t[-1]) if self.n else math.nan
+        self.head, self.low, self.high, self.far_at, self.far, self.raw = 0, None, None, _NONE, _NONE, None
+        bits = t.view(np.int64)
+        d = np.diff(bits)  # (wraps where it must; the cumulative sum wraps back)
+        u = d.view(np.uint64)
+        top = int(u.max()) if len(u) else 0
+        for width in (32, 40, 48):
+            if top < 1 << width:
+                break
+            far_at = np.flatnonzero(u >= np.uint64(1 << width))
+            if len(far_at) * 64 <= len(u):
+                self.far_at, self.far = far_at, d[far_at]
+                break
+        else:
+            self.raw = t.copy()
+            return
+        self.head = int(bits[0]) if self.n else 0
+        self.low = d.astype(np.uint32)  # (truncated; those in far replaced when unpacked)
+        if width > 32:
+            kind = _HIGH[width]
+            high = (d.view(kind).reshape(-1, 8 // kind().itemsize)[:, 4 // kind().itemsize].copy() if _LITTLE
+                    else (u >> np.uint64(32)).astype(kind))  # (bits 32 up)
+            high[self.far_at] = 0
+            self.high = high
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def nbytes(self) -> int:
+        if self.raw is not None:
+            return self.raw.nbytes
+        return (self.low.nbytes + (0 if self.high is None else self.high.nbytes) + self.far_at.nbytes
+                + self.far.nbytes)
+
+    def array(self) -> np.ndarray:
+        """The times, float64, the bits they were packed from (do not write to it)."""
+        if self.raw is not None:
+            return self.raw
+        s = np.empty(self.n, dtype=np.int64)
+        if self.n:
+            s[0] = self.head
+            s[1:] = self.low
+            if self.high is not None:
+                s[1:] += self.high.astype(np.int64) << 32
+            s[1 + self.far_at] = self.far
+            np.cumsum(s, out=s)
+        return s.view(np.float64)
+
+
+def pack(t: np.ndarray) -> list[Packed]:
+    """``t`` as :class:`Packed` chunks of at most :data:`_SPLIT` times."""
+    t = np.asarray(t, dtype=np.float64)
+    return [Packed(t[i:i + _SPLIT]) for i in range(0, len(t), _SPLIT)]
+
+
 class Times:
-    """One replica's token-step times, kept in the chunks they were made in (no copy into one
-    array: a million-request static run has 240M of them). Sliced like an array."""
+    """One replica's token-step times, kept :class:`Packed` in the chunks they were made in (no
+    copy into one array: a million-request static run has 240M of them), each unpacked when read
+    (the last one read is kept). Sliced like an array."""
 
-    __slots__ = ("_chunks", "_ends", "_starts")
+    __slots__ = ("_chunks", "_ends", "_starts", "_lasts", "_seen")
 
-    def __init__(self, chunks: Sequence[np.ndarray]) -> None:
-        self._chunks = [np.asarray(c, dtype=np.float64) for c in chunks if len(c)]
+    def __init__(self, chunks: Sequence) -> None:
+        self._chunks = [p for c in chunks if len(c) for p in ([c] if isinstance(c, Packed) else pack(c))]
         self._ends = np.cumsum([len(c) for c in self._chunks], dtype=np.int64)
         self._starts = [0, *self._ends[:-1].tolist()]  # (where each chunk begins)
+        self._lasts = np.array([c.last for c in self._chunks], dtype=np.float64)
+        self._seen: tuple = (-1, None)  # (the chunk last unpacked: a piece's edge reads it twice)
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self._chunks)
+
+    def _chunk(self, k: int) -> np.ndarray:
+        seen = self._seen  # (one read of the pair: another thread may replace it)
+        if seen[0] != k:
+            seen = (k, self._chunks[k].array())
+            self._seen = seen
+        return seen[1]
 
     def __getitem__(self, key: slice) -> np.ndarray:
         a, b, step = key.indices(len(self))
@@ -86,20 +180,20 @@ class Times:
         i = int(np.searchsorted(self._ends, a, "right"))
         j = int(np.searchsorted(self._ends, b - 1, "right"))
         starts = self._starts
-        parts = [self._chunks[k][max(a - starts[k], 0):b - starts[k]] for k in range(i, j + 1)]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        parts = [self._chunk(k)[max(a - starts[k], 0):b - starts[k]] for k in range(i, j + 1)]
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
 
     def gaps(self, lo: int, hi: int) -> np.ndarray:
         """``self[lo:hi] - self[lo - 1:hi - 1]`` (the step gaps ``lo..hi-1``; ``1 <= lo <= hi``),
         each chunk's differences written into one array, the chunks never joined first."""
         out = np.empty(hi - lo)
-        chunks, starts = self._chunks, self._starts
+        starts = self._starts
         i = int(np.searchsorted(self._ends, lo - 1, "right"))  # (the chunk holding time lo - 1)
         x = lo  # (the next gap: self[x] - self[x - 1])
         while x < hi:
-            c, s = chunks[i], starts[i]
+            c, s = self._chunk(i), starts[i]
             if x - 1 < s:  # (its earlier time is the last of the chunk before)
-                out[x - lo] = c[0] - chunks[i - 1][-1]
+                out[x - lo] = c[0] - self._lasts[i - 1]
                 x += 1
             e = min(s + len(c), hi)  # (gaps x..e-1 end in this chunk)
             if x < e:
@@ -110,7 +204,11 @@ class Times:
 
     def count_at_most(self, x: float) -> int:
         """How many times are <= x (they never decrease)."""
-        return sum(int(np.searchsorted(c, x, "right")) for c in self._chunks)
+        j = int(np.searchsorted(self._lasts, x, "right"))  # (chunks wholly <= x)
+        n = int(self._ends[j - 1]) if j else 0
+        if j < len(self._chunks):
+            n += int(np.searchsorted(self._chunk(j), x, "right"))
+        return n
 
     def head(self, n: int) -> "Times":
         return Times([self[0:n]]) if n < len(self) else self
@@ -312,7 +410,7 @@ class ItlAhead:
         self._a = np.zeros(0, dtype=np.int64)  # closed runs' start + 1 and end + 1 (those ending before next_lo dropped)
         self._b = np.zeros(0, dtype=np.int64)
 
-    def feed(self, times: np.ndarray | None, start: np.ndarray | None, end: np.ndarray | None, frontier: int) -> None:
+    def feed(self, times: "Packed | np.ndarray | None", start: np.ndarray | None, end: np.ndarray | None, frontier: int) -> None:
         """A block's token-step times, the starts and ends of the runs closed in it, and the core's
         frontier after it."""
         if times is not None and len(times):
