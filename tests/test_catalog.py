@@ -18,6 +18,7 @@ PUBLISHED_PARAMS = {
     "llama-3-70b": 70.55, "llama-3.1-405b": 405.85, "mistral-7b": 7.25, "mixtral-8x7b": 46.70,
     "qwen2.5-7b": 7.62, "qwen2.5-72b": 72.71, "yi-34b": 34.39,
     "llama-3.1-8b": 8.03, "llama-3.1-70b": 70.55,
+    "bloom-176b": 176.25,  # (bigscience/bloom model card: 176,247,271,424)
 }
 REQUIRED_HARDWARE = {"a100-40gb", "a100-80gb", "a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200",
                      "b200", "l4", "l40s", "mi300x"}
