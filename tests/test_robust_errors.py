@@ -189,7 +189,7 @@ def test_router_error():
 
 
 def test_unknown_model_and_hardware_list_the_catalog():
-    assert message(load_model, "gpt-17").startswith("unknown model 'gpt-17': not a catalog name (llama-2-13b, ")
+    assert message(load_model, "gpt-17").startswith("unknown model 'gpt-17': not a catalog name (bloom-176b, ")
     assert message(load_hardware, "tpu").startswith("unknown hardware profile 'tpu': not a catalog name (a100-40gb, ")
     assert message(load_hardware, "tpu").endswith(f", mi300x) and no such file ({Path('tpu').resolve()})")
 
