@@ -154,7 +154,7 @@ def distserve_scenario(trace: str, bandwidth_gbps: float = NVLINK_GBPS) -> dict:
                                "first_token": "prefill", "pairing": "after_prefill"}}
 
 
-def distserve(pairs: list[tuple[int, int]], bandwidth_gbps: float = NVLINK_GBPS) -> dict:
+def distserve(pairs: list[tuple[int, int]], bandwidth_gbps: float = NVLINK_GBPS, label: str = "synthetic") -> dict:
     """Part 1: one run; the transfer-time statistics (ms), its share of E2E latency, the link's busy fractions."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "lengths.csv"
@@ -167,14 +167,17 @@ def distserve(pairs: list[tuple[int, int]], bandwidth_gbps: float = NVLINK_GBPS)
     e2e = done["e2el"].to_numpy() * 1e3
     link = res.summary["disaggregation"]["link"]
     prompts = np.array([p for p, _ in pairs])
-    return {"bandwidth_gbps": bandwidth_gbps, "requests": len(req), "completed": len(done),
+    return {"lengths": label, "bandwidth_gbps": bandwidth_gbps, "requests": len(req), "completed": len(done),
             "prompt_p50": float(np.median(prompts)), "prompt_max": int(prompts.max()),
+            "output_p50": float(np.median([o for _, o in pairs])),
             "xfer_p50_ms": float(np.percentile(xfer, 50)), "xfer_p95_ms": float(np.percentile(xfer, 95)),
             "xfer_max_ms": float(xfer.max()),
             "after_prefill_p50_ms": float(np.percentile(after, 50)),
             "after_prefill_p95_ms": float(np.percentile(after, 95)), "after_prefill_max_ms": float(after.max()),
             "share_summed": float(xfer.sum() / e2e.sum()), "share_mean": float(np.mean(xfer / e2e)),
             "after_share_summed": float(after.sum() / e2e.sum()),
+            "decode_peak_kv": res.summary["disaggregation"]["pools"]["decode"]["peak_kv_usage"],
+            "decode_kv_blocks": res.summary["disaggregation"]["pools"]["decode"]["kv_blocks_per_replica"],
             "egress_busy": link["utilization_prefill_egress"]["max"],
             "ingress_busy": link["utilization_decode_ingress"]["max"],
             "reproduced": bool(np.percentile(xfer, 95) < DISTSERVE_P95_MS)}
@@ -255,27 +258,42 @@ def verdict(ok: bool) -> str:
     return "REPRODUCED" if ok else "NOT REPRODUCED"
 
 
-def markdown(ds: list[dict], ar: dict, sw: list[dict]) -> str:
-    """The three tables docs/disaggregation.md shows."""
-    lines = ["| link (per GPU) | transfer p50 / p95 / max (ms) | after the prefill p50 / p95 / max (ms) | "
+def markdown_distserve(ds: list[dict]) -> str:
+    """Part 1's table in docs/disaggregation.md (one row per link)."""
+    lines = ["| lengths | link (per GPU) | transfer p50 / p95 / max (ms) | after the prefill p50 / p95 / max (ms) | "
              "share of E2E, summed / per-request mean | busiest egress / ingress | p95 < 30 ms |",
-             "|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|"]
     for d in ds:
-        lines.append(f"| {d['bandwidth_gbps']:g} Gb/s | {d['xfer_p50_ms']:.2f} / {d['xfer_p95_ms']:.2f} / "
-                     f"{d['xfer_max_ms']:.2f} | {d['after_prefill_p50_ms']:.2f} / {d['after_prefill_p95_ms']:.2f} / "
+        lines.append(f"| {d['lengths']} | {d['bandwidth_gbps']:g} Gb/s | {d['xfer_p50_ms']:.2f} / "
+                     f"{d['xfer_p95_ms']:.2f} / {d['xfer_max_ms']:.2f} | {d['after_prefill_p50_ms']:.2f} / {d['after_prefill_p95_ms']:.2f} / "
                      f"{d['after_prefill_max_ms']:.2f} | {d['share_summed']:.3%} / {d['share_mean']:.3%} | "
                      f"{d['egress_busy']:.1%} / {d['ingress_busy']:.1%} | {'yes' if d['reproduced'] else 'no'} |")
-    lines += ["", "| reading | quantity | batchsim | DistServe | error | within ±10% |", "|---|---|---|---|---|---|"]
+    return "\n".join(lines)
+
+
+def markdown_arithmetic(ar: dict) -> str:
+    """Part 2's table in docs/disaggregation.md."""
+    lines = ["| reading | quantity | batchsim | DistServe | error | within ±10% |", "|---|---|---|---|---|---|"]
     for r in ar["rows"]:
         lines.append(f"| {r['reading']} | {r['what']} | {r['value']:.3f} {r['unit']} | {r['published']:g} | "
                      f"{r['error']:+.1%} | {'yes' if r['within'] else 'no'} |")
-    lines += ["", "| GPU (Gb/s per GPU) | prompt | prefill (ms) | exposed, serialized (ms) | exposed, per layer (ms) "
-              "| Splitwise (ms) | error | within ±20% |", "|---|---|---|---|---|---|---|---|"]
+    return "\n".join(lines)
+
+
+def markdown_splitwise(sw: list[dict]) -> str:
+    """Part 3's table in docs/disaggregation.md."""
+    lines = ["| GPU (Gb/s per GPU) | prompt | prefill (ms) | exposed, serialized (ms) | exposed, per layer (ms) "
+             "| Splitwise (ms) | error | within ±20% |", "|---|---|---|---|---|---|---|---|"]
     for r in sw:
         lines.append(f"| {r['hardware']} ({r['gbps']:g}) | {r['prompt']} | {r['prefill_ms']:.1f} | "
                      f"{r['serial_ms']:.2f} | {r['per_layer_ms']:.2f} | {r['published_ms']:g} | {r['error']:+.0%} | "
                      f"{'yes' if r['within'] else 'no'} |")
     return "\n".join(lines)
+
+
+def markdown(ds: list[dict], ar: dict, sw: list[dict]) -> str:
+    """The three tables docs/disaggregation.md shows, a blank line apart."""
+    return "\n\n".join((markdown_distserve(ds), markdown_arithmetic(ar), markdown_splitwise(sw)))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -296,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    ds = [distserve(pairs), distserve(pairs, CROSS_NODE_GBPS)]
+    ds = [distserve(pairs, NVLINK_GBPS, args.lengths), distserve(pairs, CROSS_NODE_GBPS, args.lengths)]
     ar = arithmetic()
     sw = splitwise()
     if args.markdown:
@@ -304,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"1. DistServe §6.3: OPT-13B, prefill TP2 -> decode TP1, {REQUESTS} requests at {RATE:g} req/s, "
           f"{args.lengths} ShareGPT lengths (prompt+output < {TOKEN_BOUND}; prompt p50 {ds[0]['prompt_p50']:g}, "
-          f"max {ds[0]['prompt_max']})")
+          f"max {ds[0]['prompt_max']}; output p50 {ds[0]['output_p50']:g})")
     for d in ds:
         tag = "judged" if d["bandwidth_gbps"] == NVLINK_GBPS else "counterfactual, not judged"
         print(f"  {d['bandwidth_gbps']:g} Gb/s per GPU ({tag}): {d['completed']}/{d['requests']} completed; "
@@ -313,7 +331,8 @@ def main(argv: list[str] | None = None) -> None:
               f"p95 {d['after_prefill_p95_ms']:.2f}, max {d['after_prefill_max_ms']:.2f} ms")
         print(f"    share of E2E: {d['share_summed']:.3%} summed over requests ({d['after_share_summed']:.3%} "
               f"with the wait after the prefill), {d['share_mean']:.3%} per-request mean; busiest egress "
-              f"{d['egress_busy']:.1%}, ingress {d['ingress_busy']:.1%}; p95 < {DISTSERVE_P95_MS:g} ms: "
+              f"{d['egress_busy']:.1%}, ingress {d['ingress_busy']:.1%}; decode KV peak {d['decode_peak_kv']:.0%} of "
+              f"{d['decode_kv_blocks']} blocks; p95 < {DISTSERVE_P95_MS:g} ms: "
               f"{verdict(d['reproduced']) if tag == 'judged' else ('yes' if d['reproduced'] else 'no')}")
     print(f"2. DistServe §3.3: OPT-66B, {ARITH_PROMPT}-token prompt: {ar['bytes']:,.0f} bytes moved")
     for r in ar["rows"]:
