@@ -379,3 +379,27 @@ def test_a_core_run_keeps_its_token_steps_packed():
     assert all(isinstance(c, itl_mod.Packed) for c in core_t._chunks) and len(core_t) > 100
     assert np.array_equal(_bits(core_t[0:len(core_t)]), _bits(py_t[0:len(py_t)]))
     assert core_t.nbytes <= 6 * len(core_t) + 200 * len(core_t._chunks)  # (a short run: a clock of minutes)
+
+
+def test_times_made_of_small_blocks_are_packed_together_and_cut_by_whole_chunks(monkeypatch):
+    """Many replicas hand over small blocks (a few dozen times each): they are kept as floats and
+    packed together, not one pack each (a pack's fixed cost is more than a few dozen floats'); a
+    head keeps the whole chunks as they are and packs only the cut one; frame() reads each run's
+    gaps in time order but lists them by request."""
+    monkeypatch.setattr(itl_mod, "_SPLIT", 1000)
+    t = 3600.0 + np.cumsum(np.random.default_rng(3).exponential(0.02, 5000))
+    blocks = np.split(t, np.arange(37, 5000, 37))
+    times = itl_mod.Times([*blocks[:60], itl_mod.Packed(np.concatenate(blocks[60:70])), *blocks[70:]])
+    assert len(times._chunks) <= 8 and np.array_equal(times[0:5000], t)
+    assert times.nbytes < 6 * len(t)
+    for n in (0, 1, 999, 1000, 2219, 2220, 4999):
+        h = times.head(n)
+        assert np.array_equal(h[0:n], t[:n]) and len(h) == n
+    whole = times._chunks[:2]
+    assert all(a is b for a, b in zip(times.head(2300)._chunks, whole))
+    # runs of two requests far apart in time, interleaved by rid
+    starts = np.array([4000, 10, 4100, 20]), np.array([4050, 60, 4150, 70])
+    rec = ItlRecords([times], np.array([0, 1, 2, 3]), np.zeros(4, dtype=np.int64), *starts, np.full(4, np.nan))
+    f = rec.frame()
+    want = np.concatenate([np.diff(t[s:e + 1]) for s, e in zip(*starts)])
+    assert np.array_equal(f["gap"].to_numpy(), want) and f["rid"].tolist() == sorted(f["rid"].tolist())

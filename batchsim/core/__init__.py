@@ -89,6 +89,7 @@ def _rep_info(i: int) -> int:
     return 5 + 4 * i
 _STEP_CAP = 16384  # step records per replica handed over at a time (fewer with many replicas)
 _GAP_CAP = 1 << 17  # token steps and closed runs per replica likewise (at least twice a step's rows)
+_PACK_MIN = 4096  # token-step times of a block packed as it arrives (fewer: packed at the end)
 _SETS, _SETS_BYTES = 16, 64 << 20  # sets of record buffers the core fills in turn (run_core), and their most bytes
 
 _lib: ctypes.CDLL | None = None
@@ -601,7 +602,11 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
             lib.core_free(st)
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
-    itl = ItlRecords.build([Times(t) for t in times],
+    kept = []
+    for i in range(reps):  # (each replica's small blocks let go once packed: not all at once)
+        kept.append(Times(times[i]))
+        times[i] = []
+    itl = ItlRecords.build(kept,
                            [np.concatenate(c) if c else np.zeros(0) for c in closed],
                            (req_i[7, :delivered], req_i[8, :delivered], req_i[9, :delivered], req_f[5, :delivered]))
     if itl_ahead is not None and not itl_ahead.failed:
@@ -848,7 +853,10 @@ def _flush(lib, cols, info, reps, sf, si, g_t, g_run, g_entry, steps, times, clo
                          s[7, :k], s[8, :k], s[9, :k], s[10, :k], count=k)
         t = int(info[_rep_info(i) + 1])
         if t:
-            times[i].append(Packed(g_t[i, :t]))  # (4 B a time: itl.Packed)
+            # (packed as it comes, 4-6 B a time: itl.Packed; a small block, as many replicas make,
+            # is kept as floats and packed with its neighbours (Times), a pack's fixed cost being
+            # more than a few dozen floats')
+            times[i].append(Packed(g_t[i, :t]) if t >= _PACK_MIN else g_t[i, :t].copy())
         c = int(info[_rep_info(i) + 3])
         if c:
             for col, v in zip(closed, (g_run[i, 0, :c], np.full(c, i, dtype=np.int64), g_run[i, 1, :c],

@@ -102,6 +102,7 @@ class Packed:
                 break
         else:
             self.raw = t.copy()
+            self.raw.flags.writeable = False  # (array() hands it out)
             return
         self.head = int(bits[0]) if self.n else 0
         self.low = d.astype(np.uint32)  # (truncated; those in far replaced when unpacked)
@@ -134,7 +135,9 @@ class Packed:
                 s[1:] += self.high.astype(np.int64) << 32
             s[1 + self.far_at] = self.far
             np.cumsum(s, out=s)
-        return s.view(np.float64)
+        out = s.view(np.float64)
+        out.flags.writeable = False  # (Times keeps it for the next read)
+        return out
 
 
 def pack(t: np.ndarray) -> list[Packed]:
@@ -151,7 +154,19 @@ class Times:
     __slots__ = ("_chunks", "_ends", "_starts", "_lasts", "_seen")
 
     def __init__(self, chunks: Sequence) -> None:
-        self._chunks = [p for c in chunks if len(c) for p in ([c] if isinstance(c, Packed) else pack(c))]
+        self._chunks: list[Packed] = []
+        floats: list[np.ndarray] = []  # (consecutive float chunks, packed together)
+        for c in chunks:
+            if isinstance(c, Packed):
+                if floats:
+                    self._chunks += pack(np.concatenate(floats))
+                    floats = []
+                if len(c):
+                    self._chunks.append(c)
+            elif len(c):
+                floats.append(np.asarray(c, dtype=np.float64))
+        if floats:
+            self._chunks += pack(np.concatenate(floats))
         self._ends = np.cumsum([len(c) for c in self._chunks], dtype=np.int64)
         self._starts = [0, *self._ends[:-1].tolist()]  # (where each chunk begins)
         self._lasts = np.array([c.last for c in self._chunks], dtype=np.float64)
@@ -203,7 +218,8 @@ class Times:
         return out
 
     def count_at_most(self, x: float) -> int:
-        """How many times are <= x (they never decrease)."""
+        """How many times are <= x. The times never decrease (the engines deliver in time order),
+        so the chunks whose last time is <= x are counted whole."""
         j = int(np.searchsorted(self._lasts, x, "right"))  # (chunks wholly <= x)
         n = int(self._ends[j - 1]) if j else 0
         if j < len(self._chunks):
@@ -211,7 +227,12 @@ class Times:
         return n
 
     def head(self, n: int) -> "Times":
-        return Times([self[0:n]]) if n < len(self) else self
+        """The first ``n`` times: the whole chunks as they are, the one cut packed anew."""
+        if n >= len(self):
+            return self
+        j = int(np.searchsorted(self._ends, n, "right"))  # (chunks wholly among the first n)
+        done = int(self._ends[j - 1]) if j else 0
+        return Times(self._chunks[:j] + [self._chunk(j)[:n - done].copy()])
 
 
 class ItlRecords:
@@ -331,14 +352,16 @@ class ItlRecords:
         ``itls``); a pandas frame."""
         import pandas as pd
 
-        rids, gaps = [], []
-        for rid, rep, a, b, e in zip(self.rid.tolist(), self.replica.tolist(), self.start.tolist(),
-                                     self.end.tolist(), self.entry.tolist()):
+        rids, gaps = [None] * len(self.rid), [None] * len(self.rid)
+        # (read in time order, each replica's chunks unpacked once; kept in the runs' order)
+        for k in np.lexsort((self.start, self.replica)).tolist():
+            rid, rep, a, b, e = (int(self.rid[k]), int(self.replica[k]), int(self.start[k]), int(self.end[k]),
+                                 float(self.entry[k]))
             g = self.times[rep].gaps(a + 1, b + 1)
             if not math.isnan(e):
                 g = np.concatenate(([e], g))
-            rids.append(np.full(len(g), rid, dtype=np.int64))
-            gaps.append(g)
+            rids[k] = np.full(len(g), rid, dtype=np.int64)
+            gaps[k] = g
         if not gaps:
             return pd.DataFrame({"rid": np.zeros(0, dtype=np.int64), "gap": np.zeros(0)})
         return pd.DataFrame({"rid": np.concatenate(rids), "gap": np.concatenate(gaps)})
