@@ -731,7 +731,10 @@ class _CoreThread:
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for i in range(1, len(sets)):
             self._free.put(i)
-        self._filled: queue.Queue = queue.Queue()  # (a Queue: a wait on it can be interrupted)
+        # (a SimpleQueue: its wait is in C and a signal interrupts it; a Queue's wait is Python's
+        # Condition.wait, which an exception raised by a signal handler just after it let go of its
+        # lock leaves to release it again: 'release unlocked lock' instead of the interrupt)
+        self._filled: queue.SimpleQueue = queue.SimpleQueue()
         self._exited = threading.Event()  # (set by the thread once it can no longer touch the core)
         self._thread: threading.Thread | None = None
         self._stop = False
