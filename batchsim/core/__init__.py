@@ -42,6 +42,7 @@ import sys
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
@@ -541,37 +542,41 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         raise RuntimeError(f"the compiled core is unavailable: {_lib_error}")
     st, a = _start(lib, workload, policy, cost, kv_blocks, block_size, max_model_len, router, horizon, max_queue_len,
                    router_rng)
-    reps = len(kv_blocks)
-    info, dense, req_i, req_f = (a[k] for k in ("info", "dense", "req_i", "req_f"))
-    first = tuple(a[k] for k in _BUFFERS)
-    per_set = sum(b.nbytes for b in first)
-    # NOTE: the core fills one set of record buffers after another while Python reads the filled
-    # ones: with two, a block whose reading takes long (a timeline chunk every 2^18 steps, ~9 ms; a
-    # piece of gaps every 2^20 token steps, ~23 ms; against ~2 ms of the core's per block) kept the
-    # core waiting as long; a 1M static run's core thread ran 31 s of its 48 s. Up to _SETS sets
-    # (as many as fit in _SETS_BYTES: two with many replicas, whose sets are large) let it run on.
-    nsets = max(2, min(_SETS, _SETS_BYTES // max(per_set, 1)))
-    sets = [first] + [tuple(np.empty_like(b) for b in first) for _ in range(nsets - 1)]
-    cols = (np.empty(a["sf"].shape[:0:-1]), np.empty(a["si"].shape[:0:-1], dtype=np.int64))  # (field, step)
-    if itl_ahead is not None and reps != 1:
-        raise ValueError("itl_ahead takes a one-replica run")
-    into = _Into(steps)
-    times: list[list[np.ndarray]] = [[] for _ in range(reps)]
-    closed: list[list[np.ndarray]] = [[] for _ in range(5)]
+    try:  # (an interrupt before the run's own try lets go of the core's state too)
+        reps = len(kv_blocks)
+        info, dense, req_i, req_f = (a[k] for k in ("info", "dense", "req_i", "req_f"))
+        first = tuple(a[k] for k in _BUFFERS)
+        per_set = sum(b.nbytes for b in first)
+        # NOTE: the core fills one set of record buffers after another while Python reads the filled
+        # ones: with two, a block whose reading takes long (a timeline chunk every 2^18 steps, ~9 ms; a
+        # piece of gaps every 2^20 token steps, ~23 ms; against ~2 ms of the core's per block) kept the
+        # core waiting as long; a 1M static run's core thread ran 31 s of its 48 s. Up to _SETS sets
+        # (as many as fit in _SETS_BYTES: two with many replicas, whose sets are large) let it run on.
+        nsets = max(2, min(_SETS, _SETS_BYTES // max(per_set, 1)))
+        sets = [first] + [tuple(np.empty_like(b) for b in first) for _ in range(nsets - 1)]
+        cols = (np.empty(a["sf"].shape[:0:-1]), np.empty(a["si"].shape[:0:-1], dtype=np.int64))  # (field, step)
+        if itl_ahead is not None and reps != 1:
+            raise ValueError("itl_ahead takes a one-replica run")
+        into = _Into(steps)
+        times: list[list[np.ndarray]] = [[] for _ in range(reps)]
+        closed: list[list[np.ndarray]] = [[] for _ in range(5)]
+
+        def need_dense() -> None:  # (on the core's thread, whose call asked: the cost model's totals)
+            lib.core_info(st, _ptr(dense_info))
+            T, s = int(dense_info[2]), int(dense_info[3])
+            dense[:] = [float(v) for v in cost.dense_totals(T, s)]
+            if lib.core_put_dense(st, T, s, _ptr(dense)):
+                raise MemoryError("the compiled core could not grow its cost table")
+
+        dense_info = np.zeros_like(info)
+        ahead = _CoreThread(lib, st, [tuple(_ptr(b) for b in bufs) for bufs in sets], reps, need_dense,
+                            itl_ahead is not None)
+    except BaseException:
+        lib.core_free(st)
+        raise
     global _active
-    _active = (lib, st, a)
-
-    def need_dense() -> None:  # (on the core's thread, whose call asked: the cost model's totals)
-        lib.core_info(st, _ptr(dense_info))
-        T, s = int(dense_info[2]), int(dense_info[3])
-        dense[:] = [float(v) for v in cost.dense_totals(T, s)]
-        if lib.core_put_dense(st, T, s, _ptr(dense)):
-            raise MemoryError("the compiled core could not grow its cost table")
-
-    dense_info = np.zeros_like(info)
-    ahead = _CoreThread(lib, st, [tuple(_ptr(b) for b in bufs) for bufs in sets], reps, need_dense,
-                        itl_ahead is not None)
     try:
+        _active = (lib, st, a)  # (inside the try: the finally below always clears it)
         ahead.start()
         while True:
             status, cur, counts, frontier = ahead.get()
@@ -735,7 +740,9 @@ class _CoreThread:
         # Condition.wait, which an exception raised by a signal handler just after it let go of its
         # lock leaves to release it again: 'release unlocked lock' instead of the interrupt)
         self._filled: queue.SimpleQueue = queue.SimpleQueue()
-        self._exited = threading.Event()  # (set by the thread once it can no longer touch the core)
+        # (set by the thread once it can no longer touch the core: a plain flag, polled, as an
+        # Event's wait is a Condition's, which an interrupt can leave locked for the thread's set)
+        self._exited = False
         self._thread: threading.Thread | None = None
         self._stop = False
 
@@ -768,7 +775,7 @@ class _CoreThread:
         except BaseException as e:  # (raised where the sets are read)
             self._filled.put(e)
         finally:
-            self._exited.set()
+            self._exited = True
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="batchsim-core", daemon=True)
@@ -799,8 +806,8 @@ class _CoreThread:
                 if not released:
                     self._free.put(None)  # (wakes a thread waiting for a free set; a second one is harmless)
                     released = True
-                while not self._exited.wait(0.05):
-                    pass
+                while not self._exited:
+                    time.sleep(0.002)
                 self._thread.join()  # (it touches the core no more: only its own ending is waited for)
                 break
             except BaseException as e:
