@@ -75,3 +75,63 @@ def test_sequence_admission_checks_the_whole_prompt_but_allocates_the_chunk():
 def test_an_unknown_admission_rule_is_a_config_error(bad):
     with pytest.raises(Exception, match="admission"):
         policies.create_policy({"name": "continuous", "admission": bad})
+
+
+# -- vLLM V0's admission watermark and SGLang's retraction victim -------------------------------------
+
+def _two(prompts, outputs) -> Workload:
+    return Workload(arrival=np.zeros(len(prompts)), prompt_tokens=np.array(prompts, np.int64),
+                    output_tokens=np.array(outputs, np.int64))
+
+
+def test_watermark_keeps_blocks_free_at_admission():
+    # 10 blocks of 4 tokens. A's 16-token prompt takes 4, B's 24-token prompt 6: 10, all of them.
+    # With watermark 0.1 (int(0.1 x 10) = 1 block kept free) B needs 6 + 1 > 6 left and waits for A.
+    wl = _two([16, 24], [8, 4])
+    req, steps, _, _ = _run("step", wl, blocks=10)
+    assert int(steps["num_seqs"].iloc[0]) == 2
+    req, steps, _, _ = _run("step", wl, blocks=10, watermark=0.1)
+    assert (req["status"] == "completed").all() and req["preemptions"].sum() == 0
+    assert int(steps["num_seqs"].iloc[0]) == 1
+    a, b = req.sort_values("rid").itertuples()
+    assert b.admitted >= a.completion - 1e-12
+    # running sequences' growth ignores the watermark: A alone may fill every block but the ones B's wait left
+    assert int(steps["kv_used_blocks"].max()) <= 10
+
+
+def test_a_prompt_that_can_never_leave_the_watermark_free_is_rejected():
+    # int(0.3 x 10) = 3 blocks kept: a 32-token prompt (8 blocks) could never be admitted (vLLM V0 NEVER),
+    # though its 36 tokens to completion (9 blocks) fit the cache, so the replica accepted it
+    req, *_ = _run("step", _two([32, 8], [4, 4]), blocks=10, watermark=0.3)
+    rows = req.sort_values("rid")
+    assert list(rows["status"]) == ["rejected", "completed"]
+    assert rows["reason"].iloc[0] == ("32 tokens need 8 KV blocks but only 7 of the 10 may be allocated at "
+                                      "admission (watermark 3 blocks)")
+
+
+@pytest.mark.parametrize("victim,preempted", [("last_admitted", 1), ("fewest_decoded", 0)])
+def test_the_victim_rule_picks_who_is_preempted(victim, preempted):
+    # A (12-token prompt) and B (4) are admitted together and decode in lockstep until the 10 blocks run out.
+    # vLLM preempts the last admitted (B); SGLang retracts the fewest decoded, the longest prompt on ties (A).
+    req, *_ = _run("step", _two([12, 4], [20, 20]), blocks=10, victim=victim)
+    rows = req.sort_values("rid")
+    assert (rows["status"] == "completed").all()
+    assert list(rows["preemptions"] > 0) == [i == preempted for i in range(2)]
+
+
+def test_fewest_decoded_orders_by_generated_then_prompt_then_newest():
+    from types import SimpleNamespace as S
+
+    from batchsim.policies.ordering import fewest_decoded
+    run = [S(rid=0, num_generated=3, prompt_tokens=5), S(rid=1, num_generated=2, prompt_tokens=5),
+           S(rid=2, num_generated=2, prompt_tokens=9), S(rid=3, num_generated=2, prompt_tokens=9),
+           S(rid=4, num_generated=4, prompt_tokens=50)]
+    assert fewest_decoded(run).rid == 3
+    assert fewest_decoded(run[:3]).rid == 2
+    assert fewest_decoded(run[:2]).rid == 1
+
+
+@pytest.mark.parametrize("knob,bad", [("watermark", 1.0), ("watermark", -0.1), ("victim", "oldest")])
+def test_bad_watermark_or_victim_is_a_config_error(knob, bad):
+    with pytest.raises(Exception, match=knob):
+        policies.create_policy({"name": "continuous", knob: bad})

@@ -84,6 +84,10 @@ CASES = [(p, {}) for p in ALL] + [
     ("static", {"horizon_s": 7.0, "policy": {"name": "static", "max_batch_size": 6, "timeout_s": 0.0,
                                              "complete_at": "own_token"}}),
     *[(p, {"policy": dict(POLICIES[p], admission=a)}) for p in ITERATION for a in ("sequence", "completion")],
+    # vLLM V0's admission watermark (0.3: some prompts can never leave it free) and SGLang's retraction victim
+    *[(p, {"policy": dict(POLICIES[p], watermark=w, victim=v)}) for p in ITERATION
+      for w, v in ((0.01, "last_admitted"), (0.0, "fewest_decoded"), (0.3, "fewest_decoded"))],
+    ("chunked_prefill", {"policy": dict(POLICIES["chunked_prefill"], watermark=0.05, admission="sequence")}),
 ]
 
 
@@ -128,6 +132,13 @@ def test_core_rejects_as_the_python_engine_does(tmp_path):
     out = _both(raw, tmp_path / "kv")
     _assert_same(out)
     assert out["core"][1].requests["reason"].str.contains("KV capacity").any()
+    for name, util in (("continuous", 0.22), ("chunked_prefill", 0.21)):  # prompts never leaving 30% free
+        raw = _scenario(dict(POLICIES[name], watermark=0.3))
+        raw["policy"] = dict(raw["policy"], gpu_memory_utilization=util)
+        out = _both(raw, tmp_path / f"wm-{name}")
+        _assert_same(out)
+        reasons = out["core"][1].requests["reason"]
+        assert reasons.str.contains("watermark").any() and (reasons == "").any()
 
 
 @pytest.mark.parametrize("policy,replicas,router", [
@@ -157,6 +168,11 @@ _SPECS = st.one_of(
     st.builds(lambda s, t, m: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t,
                                "order": "shortest_prompt_first"},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"])),
+    st.builds(lambda s, t, m, a, w, v: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
+                                        "watermark": w, "victim": v},
+              st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"]),
+              st.sampled_from(["step", "sequence", "completion"]), st.sampled_from([0.0, 0.01, 0.1, 0.5]),
+              st.sampled_from(["last_admitted", "fewest_decoded"])),
     st.builds(lambda b, t, c: {"name": "static", "max_batch_size": b, "timeout_s": t, "complete_at": c},
               st.integers(1, 6), st.sampled_from([0.0, 0.3]), st.sampled_from(["batch_end", "own_token"])),
 )

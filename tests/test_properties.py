@@ -25,9 +25,10 @@ POLICY_SPECS = st.one_of(
     st.builds(lambda s, t, m, a: {"name": "continuous", "max_num_seqs": s, "max_num_batched_tokens": t,
                                   "prefill_mode": m, "admission": a},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["separate", "mixed"]), ADMISSIONS),
-    st.builds(lambda s, t, a: {"name": "chunked_prefill", "max_num_seqs": s, "max_num_batched_tokens": t,
-                               "admission": a},
-              st.integers(1, 8), st.integers(8, 128), ADMISSIONS),
+    st.builds(lambda s, t, a, w, v: {"name": "chunked_prefill", "max_num_seqs": s, "max_num_batched_tokens": t,
+                                     "admission": a, "watermark": w, "victim": v},
+              st.integers(1, 8), st.integers(8, 128), ADMISSIONS, st.sampled_from([0.0, 0.0, 0.01, 0.2]),
+              st.sampled_from(["last_admitted", "fewest_decoded"])),
 )
 
 

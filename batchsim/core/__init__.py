@@ -65,7 +65,7 @@ _ERR_ADMIN, _ERR_INTERNAL, _ERR_NOMEM, _ERR_IDLE = -1, -2, -3, -4
 _MOVES = {"decodes": 0, "partial_prefills": 1, "admit": 2, "admit_chunks": 3}
 _UNLESS = {"rows": 1, "preempted": 2, "stalled": 4}
 _ORDERS = {"fcfs": 0, "shortest_prompt_first": 1}
-_VICTIMS = {"last_admitted": 0}
+_VICTIMS = {"last_admitted": 0, "fewest_decoded": 1}
 _ADMISSIONS = {"step": 0, "sequence": 1, "completion": 2}
 _MAX_MOVES, _MAX_PREF = 16, 64
 
@@ -78,7 +78,7 @@ class CoreRecipe(ctypes.Structure):
                 ("order", ctypes.c_int64), ("victim", ctypes.c_int64), ("max_num_seqs", ctypes.c_int64),
                 ("max_num_batched_tokens", ctypes.c_int64), ("n_pref", ctypes.c_int64),
                 ("pref", ctypes.c_int64 * _MAX_PREF), ("max_queue_delay_s", ctypes.c_double),
-                ("batch_end", ctypes.c_int64), ("admission", ctypes.c_int64)]
+                ("batch_end", ctypes.c_int64), ("admission", ctypes.c_int64), ("watermark", ctypes.c_double)]
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
 _COMPLETED, _REJECTED = 1, 2
@@ -339,6 +339,7 @@ def recipe_struct(recipe) -> CoreRecipe | str:
         return f"admission rule {recipe.admission!r} (the core runs {', '.join(_ADMISSIONS)})"
     rc.n_moves, rc.order, rc.victim = len(recipe.moves), _ORDERS[recipe.order], _VICTIMS[recipe.victim]
     rc.admission = _ADMISSIONS[recipe.admission]
+    rc.watermark = float(recipe.watermark)
     rc.max_num_seqs, rc.max_num_batched_tokens = recipe.max_num_seqs, recipe.max_num_batched_tokens
     return rc
 
@@ -906,7 +907,7 @@ def _frame(workload, delivered, req_i, req_f, recipe, max_model_len, kv_blocks, 
 
 def _reason(code: int, value: int, recipe, max_model_len: int, blocks: int, block_size: int, max_queue_len) -> str:
     """The words batchsim.sim.engine and batchsim.policies.step give the rejection the core coded as (code, value)."""
-    from batchsim.policies.step import over_budget
+    from batchsim.policies.step import over_budget, over_watermark
     from batchsim.sim.engine import over_kv, queue_full, too_long
 
     if code == 1:
@@ -915,4 +916,7 @@ def _reason(code: int, value: int, recipe, max_model_len: int, blocks: int, bloc
         return over_kv(value, blocks * block_size)
     if code == 3:
         return queue_full(max_queue_len)
+    if code == 5:
+        keep = int(recipe.watermark * blocks)
+        return over_watermark(value, -(-value // block_size), blocks, keep)
     return over_budget(value, recipe.max_num_batched_tokens)

@@ -44,6 +44,7 @@
 #define ORDER_FCFS 0
 #define ORDER_SPF 1
 #define VICTIM_LAST_ADMITTED 0
+#define VICTIM_FEWEST_DECODED 1
 #define ADM_STEP 0        /* IterationRecipe.admission */
 #define ADM_SEQUENCE 1
 #define ADM_COMPLETION 2
@@ -63,6 +64,7 @@ typedef struct {
     double max_queue_delay_s;
     int64_t batch_end;               /* complete_at == batch_end */
     int64_t admission;               /* ADM_* */
+    double watermark;                /* IterationRecipe.watermark: fraction of blocks an admission leaves free */
 } core_recipe_t;
 
 /* The cost model's pricing table (batchsim/calibrate/pricing.py), as batchsim/core/__init__.py's CoreCost hands it over. */
@@ -130,6 +132,7 @@ typedef struct {
 #define RS_KV_CAPACITY 2
 #define RS_QUEUE_FULL 3
 #define RS_BUDGET 4
+#define RS_WATERMARK 5
 
 #define NSTEP_F 9  /* start end flops useful_flops bytes compute_s memory_s network_s overhead_s */
 #define NSTEP_I 11 /* replica num_seqs num_rows prefill decode padding oor kv_used waiting running preempted */
@@ -202,6 +205,7 @@ typedef struct {
     int64_t nrun;
     /* KV */
     int64_t total_blocks, used, peak;
+    int64_t keep;  /* blocks an admission leaves free: int(watermark x total_blocks) */
     int64_t outstanding, admissions, admin_only;
     int phase, wake_triggered, cond_triggered;
     int64_t idle_gen;
@@ -489,10 +493,10 @@ static int64_t need_blocks(core_t *s, int64_t rid, int64_t total) {
     return need > 0 ? need : 0;
 }
 
-static int try_sched(core_t *s, replica_t *r, builder_t *b, int64_t rid, int64_t q, int64_t hold) {
+static int try_sched(core_t *s, replica_t *r, builder_t *b, int64_t rid, int64_t q, int64_t hold, int64_t keep) {
     int64_t total = s->num_computed[rid] + q;
     int64_t need = need_blocks(s, rid, hold > total ? hold : total);
-    if (need > b->free) return 0;
+    if (need + keep > b->free) return 0;
     b->free -= need;
     b->budget -= q;
     r->rows_rid[r->nrows] = rid;
@@ -531,16 +535,26 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
         if (!chunked && pending > s->cap) {
             r->rej[r->nrej++] = rid;
+            s->reason[rid] = RS_BUDGET;
             s->reason_val[rid] = pending;
+            continue;
+        }
+        int64_t keep = r->keep;
+        if (keep && need_blocks(s, rid, s->num_tokens[rid]) > r->total_blocks - keep) {
+            /* vLLM V0 can_allocate's NEVER: it could never leave the watermark free */
+            r->rej[r->nrej++] = rid;
+            s->reason[rid] = RS_WATERMARK;
+            s->reason_val[rid] = s->num_tokens[rid];
             continue;
         }
         if (b->slots < 1 || b->budget < 1) return;
         int64_t q = chunked ? (pending < b->budget ? pending : b->budget) : pending;
         if (q > b->budget) return;
-        /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held */
+        /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held;
+         * each leaving the watermark's blocks free */
         int64_t adm = s->rc.admission;
-        if (adm == ADM_SEQUENCE && need_blocks(s, rid, s->num_tokens[rid]) > b->free) return;
-        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? s->prompt[rid] + s->output[rid] : 0)) return;
+        if (adm == ADM_SEQUENCE && need_blocks(s, rid, s->num_tokens[rid]) + keep > b->free) return;
+        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? s->prompt[rid] + s->output[rid] : 0, keep)) return;
         b->slots -= 1;
     }
 }
@@ -582,12 +596,20 @@ static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
         int64_t rid = dec[j];
         if (is_pre(s, rid)) continue;
         if (b->budget < 1) break;
-        while (!try_sched(s, r, b, rid, 1, 0)) {
-            /* last_admitted(_unscheduled()): the newest live one neither preempted nor scheduled */
+        while (!try_sched(s, r, b, rid, 1, 0, 0)) {
+            /* the victim rule over _unscheduled(), the live ones neither preempted nor scheduled:
+             * last_admitted the newest; fewest_decoded the least (generated, -prompt), the newest on ties */
             int64_t v = -1;
             for (int64_t i = r->nrun - 1; i >= 0; i--) {
                 int64_t x = r->run[i];
-                if (!is_pre(s, x) && !is_sched(s, x)) { v = x; break; }
+                if (is_pre(s, x) || is_sched(s, x)) continue;
+                if (v < 0) {
+                    v = x;
+                    if (s->rc.victim == VICTIM_LAST_ADMITTED) break;
+                } else if (s->num_generated[x] < s->num_generated[v] ||
+                           (s->num_generated[x] == s->num_generated[v] && s->prompt[x] > s->prompt[v])) {
+                    v = x;
+                }
             }
             if (v < 0) return;  /* (cannot happen: rid itself is unscheduled) */
             r->pre[r->npre++] = v;
@@ -605,7 +627,7 @@ static int schedule_partial_prefills(core_t *s, replica_t *r, builder_t *b) {
         int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
         int in_prefill = s->num_generated[rid] == 0 || pending > 1;
         if (!in_prefill || is_pre(s, rid)) continue;
-        if (b->budget < 1 || !try_sched(s, r, b, rid, pending < b->budget ? pending : b->budget, 0)) return 0;
+        if (b->budget < 1 || !try_sched(s, r, b, rid, pending < b->budget ? pending : b->budget, 0, 0)) return 0;
     }
     return 1;
 }
@@ -779,8 +801,7 @@ static int apply_admission(core_t *s, replica_t *r) {
         int64_t rid = r->rej[j];
         for (int64_t i = 0; i < r->wlen; i++)
             if (wq_at(r, i) == rid) { wq_remove_at(r, i); break; }
-        s->status[rid] = ST_REJECTED;
-        s->reason[rid] = RS_BUDGET;
+        s->status[rid] = ST_REJECTED;  /* (its reason set by the plan: RS_BUDGET or RS_WATERMARK) */
         r->outstanding--;
         if (s->run_rep[rid] >= 0) r->wait_open--;  /* (its run stays open, and is no longer waiting) */
     }
@@ -1449,6 +1470,7 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
     for (int64_t i = 0; i < s->n_rep; i++) {
         replica_t *r = &s->reps[i];
         r->total_blocks = blocks[i];
+        r->keep = (int64_t)(s->rc.watermark * (double)blocks[i]);
         r->wcap = wcap;
         r->wq = (int64_t *)malloc(sizeof(int64_t) * wcap);
         int64_t rc = (s->max_seqs < n ? s->max_seqs : n) + 1;  /* (running never exceeds the requests) */
@@ -1541,8 +1563,10 @@ static const char CORE_RULES[] =
     "batchsim.policies.base.held_blocks fc430b999db0\n"
     "batchsim.policies.ordering.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.ordering.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
+    "batchsim.policies.ordering.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.ordering.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
     "batchsim.policies.ordering.fcfs 3a680781d8d8\n"
+    "batchsim.policies.ordering.fewest_decoded b5291db325fd\n"
     "batchsim.policies.ordering.last_admitted d22a48bbf70c\n"
     "batchsim.policies.ordering.shortest_prompt_first f34aea5ac454\n"
     "batchsim.policies.padded._decode c488e0a56ede\n"
@@ -1551,7 +1575,7 @@ static const char CORE_RULES[] =
     "batchsim.policies.padded.launch_size 053c8f9dfc21\n"
     "batchsim.policies.padded.reserve_tokens 91b498b574bd\n"
     "batchsim.policies.padded.run_padded 301f2dacef6d\n"
-    "batchsim.policies.recipe.IterationRecipe.__post_init__ 87078a08b94b\n"
+    "batchsim.policies.recipe.IterationRecipe.__post_init__ b79d24f42ace\n"
     "batchsim.policies.recipe.Move.__post_init__ 77a804de13dc\n"
     "batchsim.policies.recipe.PaddedRecipe.__post_init__ fede5fb47de3\n"
     "batchsim.policies.recipe._one_of 4807f029c567\n"
@@ -1563,17 +1587,19 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.IterationConfig._budget_covers_decodes b4f4625fe70b\n"
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
-    "batchsim.policies.step.StepBuilder.__init__ 6def20680cc3\n"
+    "batchsim.policies.step.StepBuilder.__init__ 239ff2f42f0a\n"
     "batchsim.policies.step.StepBuilder._preempt 0344c4a94cde\n"
-    "batchsim.policies.step.StepBuilder._try 9143ee200cbe\n"
+    "batchsim.policies.step.StepBuilder._try 118c75d640ce\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
-    "batchsim.policies.step.StepBuilder.admit 762386d8a850\n"
+    "batchsim.policies.step.StepBuilder.admit aad79f58c93c\n"
     "batchsim.policies.step.StepBuilder.plan ad355400bb5c\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 810eba15e961\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
+    "batchsim.policies.step.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
-    "batchsim.policies.step.run_iteration 9e02d6590722\n"
+    "batchsim.policies.step.over_watermark 6893166d96a6\n"
+    "batchsim.policies.step.run_iteration 8bf514cce97a\n"
     "batchsim.sim.engine.Cluster.__init__ 6dd05058d515\n"
     "batchsim.sim.engine.Cluster._arrivals a884ce4b6c0b\n"
     "batchsim.sim.engine.Cluster._client b640776e8788\n"
@@ -1676,6 +1702,7 @@ static const char CORE_RULES[] =
     "bind:batchsim.policies.base.held_blocks 9286315e6093\n"
     "bind:batchsim.policies.ordering.SeqView 024e7eaf38aa\n"
     "bind:batchsim.policies.ordering.fcfs 21c6dda4f8ef\n"
+    "bind:batchsim.policies.ordering.fewest_decoded f2e5ad1f6d46\n"
     "bind:batchsim.policies.ordering.last_admitted fa5bcbf237ff\n"
     "bind:batchsim.policies.ordering.shortest_prompt_first 0d1bf77b7709\n"
     "bind:batchsim.policies.padded.BatchPlan 3c1194a5cf8f\n"
@@ -1717,6 +1744,7 @@ static const char CORE_RULES[] =
     "bind:batchsim.policies.step.held_blocks 9286315e6093\n"
     "bind:batchsim.policies.step.last_admitted fa5bcbf237ff\n"
     "bind:batchsim.policies.step.over_budget 45df49487b3f\n"
+    "bind:batchsim.policies.step.over_watermark 084a1504860d\n"
     "bind:batchsim.policies.step.run_iteration 332338ad6440\n"
     "bind:batchsim.sim.engine.BatchPlan 3c1194a5cf8f\n"
     "bind:batchsim.sim.engine.Cluster 3137a4f96439\n"
@@ -1768,7 +1796,7 @@ static const char CORE_RULES[] =
     "const:batchsim.policies.recipe.GUARDS 47136d6471eb\n"
     "const:batchsim.policies.recipe.MOVES dc7bfba81d3f\n"
     "const:batchsim.policies.recipe.ORDERS 28cfbea2e65d\n"
-    "const:batchsim.policies.recipe.VICTIMS c3f8294dfebb\n"
+    "const:batchsim.policies.recipe.VICTIMS 3c08df52c6b9\n"
     "const:batchsim.sim.engine.COMPLETED a3b605a665d1\n"
     "const:batchsim.sim.engine.REJECTED d5feaf829c44\n"
     "const:batchsim.sim.router.CACHE_AWARE_ABS e29c9c180c62\n"
@@ -1778,9 +1806,11 @@ static const char CORE_RULES[] =
     "const:batchsim.sim.state.UNFINISHED b73f78205341\n"
     "entry:batchsim.policies.ordering.QUEUE_ORDERS[fcfs] 21c6dda4f8ef\n"
     "entry:batchsim.policies.ordering.QUEUE_ORDERS[shortest_prompt_first] 0d1bf77b7709\n"
+    "entry:batchsim.policies.ordering.VICTIM_RULES[fewest_decoded] f2e5ad1f6d46\n"
     "entry:batchsim.policies.ordering.VICTIM_RULES[last_admitted] fa5bcbf237ff\n"
     "entry:batchsim.policies.step.QUEUE_ORDERS[fcfs] 21c6dda4f8ef\n"
     "entry:batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] 0d1bf77b7709\n"
+    "entry:batchsim.policies.step.VICTIM_RULES[fewest_decoded] f2e5ad1f6d46\n"
     "entry:batchsim.policies.step.VICTIM_RULES[last_admitted] fa5bcbf237ff\n"
     "entry:batchsim.sim.router.ROUTERS[cache_aware] 54f6b6097a54\n"
     "entry:batchsim.sim.router.ROUTERS[least_kv] 1f98cbdd0e32\n"
@@ -1791,11 +1821,11 @@ static const char CORE_RULES[] =
     "file:batchsim.calibrate.curves 088d0215b6d7\n"
     "file:batchsim.calibrate.work 0e7711d20b35\n"
     "file:batchsim.policies.base 3ab778e584ef\n"
-    "file:batchsim.policies.ordering 9c8b92013e02\n"
+    "file:batchsim.policies.ordering 54704304ce3c\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe a9d48c746cae\n"
+    "file:batchsim.policies.recipe a032a6316892\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step f011ca01d4ca\n"
+    "file:batchsim.policies.step 2bfb12c2535f\n"
     "file:batchsim.sim.engine 8889058b06ee\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"

@@ -65,4 +65,5 @@ class ChunkedPrefillPolicy(RecipePolicy):
         cfg = self.config
         return IterationRecipe(moves=MOVES[cfg.prefill_mode], max_num_seqs=cfg.max_num_seqs,
                                max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order,
-                               admission=cfg.admission)
+                               admission=cfg.admission, victim=cfg.victim,
+                               watermark=cfg.watermark)

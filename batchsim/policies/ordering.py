@@ -13,9 +13,11 @@ from typing import Callable, Literal, Sequence
 
 from batchsim.sim.protocols import SeqView
 
-__all__ = ["QueueOrder", "QUEUE_ORDERS", "VICTIM_RULES", "fcfs", "shortest_prompt_first", "last_admitted"]
+__all__ = ["QueueOrder", "QUEUE_ORDERS", "VICTIM_RULES", "VictimRule", "fcfs", "shortest_prompt_first", "last_admitted",
+           "fewest_decoded"]
 
 QueueOrder = Literal["fcfs", "shortest_prompt_first"]
+VictimRule = Literal["last_admitted", "fewest_decoded"]
 
 
 def fcfs(waiting: Sequence[SeqView]) -> Sequence[SeqView]:
@@ -48,6 +50,24 @@ def last_admitted(running: Sequence[SeqView]) -> SeqView:
     return running[-1]
 
 
+def fewest_decoded(running: Sequence[SeqView]) -> SeqView:
+    """SGLang's retraction victim (``retraction_policy='length'``): the fewest generated tokens, then
+    the longest prompt, then the most recently admitted.
+
+    SGLang sorts the batch by ``(len(output_ids), -len(origin_input_ids))``, most-preferred-to-keep
+    first (a stable sort, reversed), and retracts from the end
+    (``managers/schedule_batch.py`` ``_get_decode_retraction_order``).
+    """
+    best = running[-1]
+    key = (best.num_generated, -best.prompt_tokens)
+    for seq in reversed(running):
+        k = (seq.num_generated, -seq.prompt_tokens)
+        if k < key:
+            best, key = seq, k
+    return best
+
+
 VICTIM_RULES: dict[str, Callable[[Sequence[SeqView]], SeqView]] = {
     "last_admitted": last_admitted,
+    "fewest_decoded": fewest_decoded,
 }

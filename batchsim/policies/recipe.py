@@ -42,6 +42,21 @@ How much KV an admission must find free is the recipe's ``admission`` rule:
                        ``GUARANTEED_NO_EVICT``)
 =====================  ==========================================================
 
+Whatever the rule, an admission leaves ``watermark`` of the replica's KV blocks
+(``int(watermark x total blocks)``) free, and a waiting sequence whose known tokens
+need more than the blocks less the watermark is rejected (vLLM V0
+``BlockSpaceManager.can_allocate``: ``LATER`` and ``NEVER``). Running sequences'
+growth ignores it, as in vLLM V0.
+
+=====================  ==========================================================
+``victim``             the running sequence preempted when one cannot grow
+=====================  ==========================================================
+``last_admitted``      the most recently admitted (vLLM)
+``fewest_decoded``     the fewest generated tokens, the longest prompt on ties,
+                       then the most recently admitted (SGLang
+                       ``retraction_policy='length'``)
+=====================  ==========================================================
+
 Each move appears at most once, and a recipe admits whole prompts or chunks,
 not both: the moves then take disjoint sets of sequences.
 
@@ -65,7 +80,7 @@ __all__ = ["Move", "IterationRecipe", "PaddedRecipe", "Recipe", "MOVES", "GUARDS
 MoveKind = Literal["decodes", "partial_prefills", "admit", "admit_chunks"]
 Guard = Literal["rows", "preempted", "stalled"]
 Order = Literal["fcfs", "shortest_prompt_first"]
-Victim = Literal["last_admitted"]
+Victim = Literal["last_admitted", "fewest_decoded"]
 Admission = Literal["step", "sequence", "completion"]
 
 MOVES: tuple[str, ...] = get_args(MoveKind)
@@ -110,6 +125,7 @@ class IterationRecipe:
     order: Order = "fcfs"
     victim: Victim = "last_admitted"
     admission: Admission = "step"
+    watermark: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.moves, tuple) or not all(isinstance(m, Move) for m in self.moves):
@@ -126,6 +142,9 @@ class IterationRecipe:
         _one_of("queue order", self.order, ORDERS)
         _one_of("victim rule", self.victim, VICTIMS)
         _one_of("admission rule", self.admission, ADMISSIONS)
+        w = self.watermark
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1:
+            raise ValueError(f"watermark must be a fraction >= 0 and < 1, got {w!r}")
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,23 @@ from typing import Callable, Sequence
 from pydantic import Field, ValidationInfo, field_validator
 
 from batchsim.policies.base import PolicyConfig, held_blocks
-from batchsim.policies.ordering import QUEUE_ORDERS, VICTIM_RULES, QueueOrder, last_admitted
+from batchsim.policies.ordering import QUEUE_ORDERS, VICTIM_RULES, QueueOrder, VictimRule, last_admitted
 from batchsim.policies.recipe import Admission, IterationRecipe
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
 
-__all__ = ["IterationConfig", "StepBuilder", "over_budget", "run_iteration"]
+__all__ = ["IterationConfig", "StepBuilder", "over_budget", "over_watermark", "run_iteration"]
 
 
 def over_budget(pending: int, cap: int) -> str:
     """Why a whole prompt is rejected (the compiled core's records give the same words: batchsim.core)."""
     return f"needs {pending} tokens in one step but max_num_batched_tokens is {cap}"
+
+
+def over_watermark(tokens: int, blocks: int, total: int, watermark: int) -> str:
+    """Why a sequence is rejected at admission: it can never leave the watermark free (vLLM V0 NEVER)."""
+    return (f"{tokens} tokens need {blocks} KV blocks but only {total - watermark} of the {total} may be "
+            f"allocated at admission (watermark {watermark} blocks)")
 
 
 class IterationConfig(PolicyConfig):
@@ -56,6 +62,14 @@ class IterationConfig(PolicyConfig):
                             "needed; vLLM v0), 'sequence' the whole prompt so far (vLLM v1 "
                             "scheduler_reserve_full_isl), 'completion' prompt + max_tokens, reserved at once "
                             "and never preempted (TensorRT-LLM GUARANTEED_NO_EVICT).")
+    watermark: float = Field(
+        0.0, ge=0, lt=1, description="Fraction of the replica's KV blocks an admission must leave free; a "
+                                     "sequence that can never leave them free is rejected (vLLM V0 "
+                                     "BlockSpaceManager watermark, 0.01 there).")
+    victim: VictimRule = Field(
+        "last_admitted", description="Which running sequence is preempted when one cannot grow: "
+                                     "'last_admitted' (vLLM), 'fewest_decoded' (fewest generated tokens, "
+                                     "longest prompt on ties; SGLang retraction_policy='length').")
     enable_prefix_caching: bool = Field(
         False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
                            "--enable-prefix-caching); needs prefix hashes in the workload.")
@@ -74,7 +88,7 @@ class IterationConfig(PolicyConfig):
 def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
     """One step of an iteration-level policy: the recipe's moves, in order, under its guards."""
     step = StepBuilder(view, recipe.max_num_batched_tokens, recipe.max_num_seqs, VICTIM_RULES[recipe.victim],
-                       recipe.admission)
+                       recipe.admission, recipe.watermark)
     stalled = False
     for move in recipe.moves:
         skip = move.unless
@@ -97,9 +111,10 @@ class StepBuilder:
 
     def __init__(self, view: ReplicaView, max_num_batched_tokens: int, max_num_seqs: int,
                  victim: Callable[[Sequence[SeqView]], SeqView] = last_admitted,
-                 admission: Admission = "step") -> None:
+                 admission: Admission = "step", watermark: float = 0.0) -> None:
         self.view = view
         self.admission = admission
+        self.watermark = int(watermark * view.kv.total_blocks)  # blocks an admission leaves free
         self.cap = max_num_batched_tokens
         self.budget = max_num_batched_tokens
         self.free = view.kv.free_blocks
@@ -120,11 +135,12 @@ class StepBuilder:
         self.slots = max_num_seqs - len(self.live)
 
     # -- primitives -------------------------------------------------------
-    def _try(self, seq: SeqView, q: int, hold: int = 0) -> bool:
-        """Schedule ``q`` tokens of ``seq`` if its KV growth (to ``hold`` tokens, if more) fits; True if it did."""
+    def _try(self, seq: SeqView, q: int, hold: int = 0, keep: int = 0) -> bool:
+        """Schedule ``q`` tokens of ``seq`` if its KV growth (to ``hold`` tokens, if more) fits with ``keep``
+        blocks left free; True if it did."""
         total = seq.num_computed + q
         need = self.view.kv.blocks_needed(seq, hold if hold > total else total)
-        if need > self.free:
+        if need + keep > self.free:
             return False
         self.free -= need
         self.budget -= q
@@ -186,27 +202,34 @@ class StepBuilder:
         ``num_computed + q`` tokens; the first that fails stops admission (FCFS).
         The recipe's ``admission`` rule asks for more: the whole known sequence
         (``sequence``: checked, only this step's tokens allocated), or prompt
-        plus ``max_tokens`` (``completion``: allocated now, and held).
+        plus ``max_tokens`` (``completion``: allocated now, and held). Each leaves the
+        watermark's blocks free; a sequence whose known tokens need more than all
+        blocks less the watermark is rejected.
         """
-        rule, kv = self.admission, self.view.kv
+        rule, kv, keep = self.admission, self.view.kv, self.watermark
         for seq in candidates:
             if not chunked and seq.pending > self.cap:
                 self.reject[seq.rid] = over_budget(seq.pending, self.cap)
                 continue
+            if keep:
+                whole = kv.blocks_needed(seq, seq.num_tokens)
+                if whole > kv.total_blocks - keep:
+                    self.reject[seq.rid] = over_watermark(seq.num_tokens, whole, kv.total_blocks, keep)
+                    continue
             if self.slots < 1 or self.budget < 1:
                 return
             q = min(seq.pending, self.budget) if chunked else seq.pending
             if q > self.budget:
                 return
             if rule == "step":
-                if not self._try(seq, q):
+                if not self._try(seq, q, 0, keep):
                     return
             elif rule == "sequence":
-                if kv.blocks_needed(seq, seq.num_tokens) > self.free or not self._try(seq, q):
+                if kv.blocks_needed(seq, seq.num_tokens) + keep > self.free or not self._try(seq, q, 0, keep):
                     return
             else:
                 hold = seq.prompt_tokens + seq.max_tokens
-                if not self._try(seq, q, hold):
+                if not self._try(seq, q, hold, keep):
                     return
                 self.reserve[seq.rid] = hold
             self.slots -= 1
