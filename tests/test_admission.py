@@ -135,3 +135,32 @@ def test_fewest_decoded_orders_by_generated_then_prompt_then_newest():
 def test_bad_watermark_or_victim_is_a_config_error(knob, bad):
     with pytest.raises(Exception, match=knob):
         policies.create_policy({"name": "continuous", knob: bad})
+
+
+# -- SGLang's admission: remaining output counted, not allocated ----------------------------------------
+
+def test_remaining_counts_running_outputs_without_allocating_them():
+    # 4 requests of 8 prompt + 8 output tokens, 10 blocks of 4: to completion each needs 4 blocks, so two fit.
+    # 'remaining' admits exactly the two that 'completion' admits, but allocates only their prompts (2 blocks
+    # each) and lets them grow into what was counted; nobody is preempted, as with 'completion'.
+    wl = _wl(4, 8, 8)
+    req, steps, _, _ = _run("remaining", wl, blocks=10)
+    assert (req["status"] == "completed").all() and req["preemptions"].sum() == 0
+    assert int(steps["num_seqs"].iloc[0]) == 2
+    assert int(steps["kv_used_blocks"].iloc[0]) == 4  # 'completion' holds 8 here
+    comp, *_ = _run("completion", wl, blocks=10)
+    assert np.allclose(req.sort_values("rid")["admitted"], comp.sort_values("rid")["admitted"])
+
+
+def test_remaining_clips_each_output_at_4096_tokens():
+    # A: 8 + 5000 tokens, 1252 blocks of 4 to completion; B: 8 + 8. With 1254 blocks 'completion' must hold A's
+    # 1252 and B waits for A; 'remaining' counts A's output only up to 4096 tokens (1026 blocks with its
+    # prompt: SGLang's CLIP_MAX_NEW_TOKENS), so B is admitted beside A in the first step.
+    wl = _two([8, 8], [5000, 8])
+    firsts = {}
+    for rule in ("completion", "remaining"):
+        req, steps, _, _ = _run(rule, wl, blocks=1254)
+        assert (req["status"] == "completed").all(), rule
+        firsts[rule] = int(steps["num_seqs"].iloc[0])
+    assert firsts == {"completion": 1, "remaining": 2}
+

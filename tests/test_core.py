@@ -83,7 +83,8 @@ CASES = [(p, {}) for p in ALL] + [
     ("dynamic", {"horizon_s": 9.0, "max_queue_len": 5}),
     ("static", {"horizon_s": 7.0, "policy": {"name": "static", "max_batch_size": 6, "timeout_s": 0.0,
                                              "complete_at": "own_token"}}),
-    *[(p, {"policy": dict(POLICIES[p], admission=a)}) for p in ITERATION for a in ("sequence", "completion")],
+    *[(p, {"policy": dict(POLICIES[p], admission=a)}) for p in ITERATION
+      for a in ("sequence", "completion", "remaining")],
     # vLLM V0's admission watermark (0.3: some prompts can never leave it free) and SGLang's retraction victim
     *[(p, {"policy": dict(POLICIES[p], watermark=w, victim=v)}) for p in ITERATION
       for w, v in ((0.01, "last_admitted"), (0.0, "fewest_decoded"), (0.3, "fewest_decoded"))],
@@ -171,7 +172,7 @@ _SPECS = st.one_of(
     st.builds(lambda s, t, m, a, w, v: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
                                         "watermark": w, "victim": v},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"]),
-              st.sampled_from(["step", "sequence", "completion"]), st.sampled_from([0.0, 0.01, 0.1, 0.5]),
+              st.sampled_from(["step", "sequence", "completion", "remaining"]), st.sampled_from([0.0, 0.01, 0.1, 0.5]),
               st.sampled_from(["last_admitted", "fewest_decoded"])),
     st.builds(lambda b, t, c: {"name": "static", "max_batch_size": b, "timeout_s": t, "complete_at": c},
               st.integers(1, 6), st.sampled_from([0.0, 0.3]), st.sampled_from(["batch_end", "own_token"])),

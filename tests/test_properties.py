@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from batchsim import policies
 from tests.engine_helpers import ConstantCost, run_engine, workload
 
-ADMISSIONS = st.sampled_from(["step", "step", "sequence", "completion"])
+ADMISSIONS = st.sampled_from(["step", "step", "sequence", "completion", "remaining"])
 POLICY_SPECS = st.one_of(
     st.builds(lambda b, t: {"name": "static", "max_batch_size": b, "timeout_s": t},
               st.integers(1, 6), st.sampled_from([0.0, 0.3, 2.0])),

@@ -66,7 +66,7 @@ _MOVES = {"decodes": 0, "partial_prefills": 1, "admit": 2, "admit_chunks": 3}
 _UNLESS = {"rows": 1, "preempted": 2, "stalled": 4}
 _ORDERS = {"fcfs": 0, "shortest_prompt_first": 1}
 _VICTIMS = {"last_admitted": 0, "fewest_decoded": 1}
-_ADMISSIONS = {"step": 0, "sequence": 1, "completion": 2}
+_ADMISSIONS = {"step": 0, "sequence": 1, "completion": 2, "remaining": 3}
 _MAX_MOVES, _MAX_PREF = 16, 64
 
 

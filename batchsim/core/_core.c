@@ -48,6 +48,8 @@
 #define ADM_STEP 0        /* IterationRecipe.admission */
 #define ADM_SEQUENCE 1
 #define ADM_COMPLETION 2
+#define ADM_REMAINING 3
+#define REMAINING_CLIP 4096  /* batchsim/policies/step.py REMAINING_CLIP */
 #define MAX_MOVES 16
 #define MAX_PREF 64
 
@@ -527,8 +529,27 @@ static void order_sfp(core_t *s, replica_t *r) {
     for (int64_t j = 0; j < m; j++) r->cand[k++] = wq_at(r, r->keys[j] & (((int64_t)1 << 40) - 1));
 }
 
+static int64_t future_blocks(core_t *s, int64_t rid, int64_t q) {
+    /* StepBuilder._future: admission 'remaining', the blocks rid still needs for its remaining output
+     * (clipped) beyond this step's q tokens, once its prompt is in */
+    int64_t now = s->num_computed[rid] + q;
+    if (!s->num_generated[rid] && now < s->num_tokens[rid]) return 0;
+    int64_t left = s->output[rid] - s->num_generated[rid];
+    if (left > REMAINING_CLIP) left = REMAINING_CLIP;
+    return need_blocks(s, rid, s->num_tokens[rid] + left) - need_blocks(s, rid, now);
+}
+
 static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
     /* StepBuilder.admit over the queue in the policy's order */
+    int64_t adm = s->rc.admission, promised = 0;
+    if (adm == ADM_REMAINING) {
+        /* the running sequences not preempted: the plan's rows (all running here) and the unscheduled */
+        for (int64_t j = 0; j < r->nrows; j++) promised += future_blocks(s, r->rows_rid[j], r->rows_q[j]);
+        for (int64_t i = 0; i < r->nrun; i++) {
+            int64_t rid = r->run[i];
+            if (!is_pre(s, rid) && !is_sched(s, rid) && !s->finished[rid]) promised += future_blocks(s, rid, 0);
+        }
+    }
     if (s->sfp) order_sfp(s, r);
     for (int64_t i = 0; i < r->wlen; i++) {
         int64_t rid = s->sfp ? r->cand[i] : wq_at(r, i);
@@ -552,9 +573,14 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         if (q > b->budget) return;
         /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held;
          * each leaving the watermark's blocks free */
-        int64_t adm = s->rc.admission;
         if (adm == ADM_SEQUENCE && need_blocks(s, rid, s->num_tokens[rid]) + keep > b->free) return;
+        if (adm == ADM_REMAINING) {
+            int64_t left = s->output[rid] - s->num_generated[rid];
+            if (left > REMAINING_CLIP) left = REMAINING_CLIP;
+            if (need_blocks(s, rid, s->num_tokens[rid] + left) + promised + keep > b->free) return;
+        }
         if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? s->prompt[rid] + s->output[rid] : 0, keep)) return;
+        if (adm == ADM_REMAINING) promised += future_blocks(s, rid, q);
         b->slots -= 1;
     }
 }
@@ -1588,10 +1614,11 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
     "batchsim.policies.step.StepBuilder.__init__ 239ff2f42f0a\n"
+    "batchsim.policies.step.StepBuilder._future 0ae559b3ea7f\n"
     "batchsim.policies.step.StepBuilder._preempt 0344c4a94cde\n"
     "batchsim.policies.step.StepBuilder._try 118c75d640ce\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
-    "batchsim.policies.step.StepBuilder.admit aad79f58c93c\n"
+    "batchsim.policies.step.StepBuilder.admit af0d7cefd842\n"
     "batchsim.policies.step.StepBuilder.plan ad355400bb5c\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 810eba15e961\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
@@ -1792,11 +1819,12 @@ static const char CORE_RULES[] =
     "const:batchsim.calibrate.costmodel.WEIGHT_DTYPES 1c59d451d149\n"
     "const:batchsim.calibrate.costmodel._CACHE_LIMIT 0f255ec16482\n"
     "const:batchsim.calibrate.work.B_ACT d84bdb34d4ee\n"
-    "const:batchsim.policies.recipe.ADMISSIONS 6e85f46c3138\n"
+    "const:batchsim.policies.recipe.ADMISSIONS a1f2afd3ee9f\n"
     "const:batchsim.policies.recipe.GUARDS 47136d6471eb\n"
     "const:batchsim.policies.recipe.MOVES dc7bfba81d3f\n"
     "const:batchsim.policies.recipe.ORDERS 28cfbea2e65d\n"
     "const:batchsim.policies.recipe.VICTIMS 3c08df52c6b9\n"
+    "const:batchsim.policies.step.REMAINING_CLIP 8b926d75599a\n"
     "const:batchsim.sim.engine.COMPLETED a3b605a665d1\n"
     "const:batchsim.sim.engine.REJECTED d5feaf829c44\n"
     "const:batchsim.sim.router.CACHE_AWARE_ABS e29c9c180c62\n"
@@ -1823,9 +1851,9 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.base 3ab778e584ef\n"
     "file:batchsim.policies.ordering 54704304ce3c\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe a032a6316892\n"
+    "file:batchsim.policies.recipe 6d4c8f21a5b4\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step 2bfb12c2535f\n"
+    "file:batchsim.policies.step eeca86f18831\n"
     "file:batchsim.sim.engine 8889058b06ee\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"

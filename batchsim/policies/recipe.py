@@ -40,6 +40,13 @@ How much KV an admission must find free is the recipe's ``admission`` rule:
                        a running sequence never needs a block it does not hold
                        and is never preempted (TensorRT-LLM
                        ``GUARANTEED_NO_EVICT``)
+``remaining``          its known tokens plus its remaining output, after the
+                       remaining output of every running sequence that has
+                       finished (or this step finishes) its prompt, each
+                       output clipped at ``REMAINING_CLIP`` tokens; only this
+                       step's tokens are allocated, so running sequences grow
+                       into what was counted for them (SGLang ``PrefillAdder``
+                       for requests that run to ``max_new_tokens``)
 =====================  ==========================================================
 
 Whatever the rule, an admission leaves ``watermark`` of the replica's KV blocks
@@ -81,7 +88,7 @@ MoveKind = Literal["decodes", "partial_prefills", "admit", "admit_chunks"]
 Guard = Literal["rows", "preempted", "stalled"]
 Order = Literal["fcfs", "shortest_prompt_first"]
 Victim = Literal["last_admitted", "fewest_decoded"]
-Admission = Literal["step", "sequence", "completion"]
+Admission = Literal["step", "sequence", "completion", "remaining"]
 
 MOVES: tuple[str, ...] = get_args(MoveKind)
 GUARDS: tuple[str, ...] = get_args(Guard)

@@ -35,7 +35,12 @@ from batchsim.policies.recipe import Admission, IterationRecipe
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
 
-__all__ = ["IterationConfig", "StepBuilder", "over_budget", "over_watermark", "run_iteration"]
+__all__ = ["IterationConfig", "StepBuilder", "REMAINING_CLIP", "over_budget", "over_watermark", "run_iteration"]
+
+# Admission 'remaining': the most output tokens counted for one request (SGLang
+# CLIP_MAX_NEW_TOKENS, env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, default 4096:
+# sglang/srt/managers/schedule_policy.py:89-91, environ.py:650).
+REMAINING_CLIP = 4096
 
 
 def over_budget(pending: int, cap: int) -> str:
@@ -61,7 +66,9 @@ class IterationConfig(PolicyConfig):
         "step", description="KV an admission must find free: 'step' this step's tokens (preempt later if "
                             "needed; vLLM v0), 'sequence' the whole prompt so far (vLLM v1 "
                             "scheduler_reserve_full_isl), 'completion' prompt + max_tokens, reserved at once "
-                            "and never preempted (TensorRT-LLM GUARANTEED_NO_EVICT).")
+                            "and never preempted (TensorRT-LLM GUARANTEED_NO_EVICT), 'remaining' the known "
+                            "tokens plus remaining output after every running sequence's remaining output, "
+                            "counted but not allocated (SGLang PrefillAdder).")
     watermark: float = Field(
         0.0, ge=0, lt=1, description="Fraction of the replica's KV blocks an admission must leave free; a "
                                      "sequence that can never leave them free is rejected (vLLM V0 "
@@ -152,6 +159,15 @@ class StepBuilder:
         self.free += held_blocks(self.view.kv, seq)
         self.slots += 1
 
+    def _future(self, seq: SeqView) -> int:
+        """Admission 'remaining': the blocks ``seq`` will still need for its remaining output (clipped)
+        beyond what this plan gives it, once its prompt is in (0 while this step leaves it mid-prompt)."""
+        kv, now = self.view.kv, seq.num_computed + self.num_tokens.get(seq.rid, 0)
+        if not seq.num_generated and now < seq.num_tokens:
+            return 0
+        left = min(seq.max_tokens - seq.num_generated, REMAINING_CLIP)
+        return kv.blocks_needed(seq, seq.num_tokens + left) - kv.blocks_needed(seq, now)
+
     def _unscheduled(self) -> list[SeqView]:
         gone = set(self.preempted)
         return [s for s in self.live if s.rid not in gone and s.rid not in self.num_tokens]
@@ -202,11 +218,17 @@ class StepBuilder:
         ``num_computed + q`` tokens; the first that fails stops admission (FCFS).
         The recipe's ``admission`` rule asks for more: the whole known sequence
         (``sequence``: checked, only this step's tokens allocated), or prompt
-        plus ``max_tokens`` (``completion``: allocated now, and held). Each leaves the
+        plus ``max_tokens`` (``completion``: allocated now, and held), or the whole known
+        sequence plus its remaining output once every running sequence's remaining output
+        is counted (``remaining``: counted, not allocated). Each leaves the
         watermark's blocks free; a sequence whose known tokens need more than all
         blocks less the watermark is rejected.
         """
         rule, kv, keep = self.admission, self.view.kv, self.watermark
+        promised = 0  # admission 'remaining': blocks counted for running sequences' remaining output
+        if rule == "remaining":
+            gone = set(self.preempted)
+            promised = sum(self._future(s) for s in self.live if s.rid not in gone)
         for seq in candidates:
             if not chunked and seq.pending > self.cap:
                 self.reject[seq.rid] = over_budget(seq.pending, self.cap)
@@ -227,6 +249,13 @@ class StepBuilder:
             elif rule == "sequence":
                 if kv.blocks_needed(seq, seq.num_tokens) + keep > self.free or not self._try(seq, q, 0, keep):
                     return
+            elif rule == "remaining":
+                left = min(seq.max_tokens - seq.num_generated, REMAINING_CLIP)
+                if kv.blocks_needed(seq, seq.num_tokens + left) + promised + keep > self.free:
+                    return
+                if not self._try(seq, q, 0, keep):
+                    return
+                promised += self._future(seq)
             else:
                 hold = seq.prompt_tokens + seq.max_tokens
                 if not self._try(seq, q, hold, keep):
