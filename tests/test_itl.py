@@ -403,3 +403,56 @@ def test_times_made_of_small_blocks_are_packed_together_and_cut_by_whole_chunks(
     f = rec.frame()
     want = np.concatenate([np.diff(t[s:e + 1]) for s, e in zip(*starts)])
     assert np.array_equal(f["gap"].to_numpy(), want) and f["rid"].tolist() == sorted(f["rid"].tolist())
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs POSIX interval timers")
+def test_an_interrupt_while_pieces_are_read_ahead_stops_cleanly():
+    """Ctrl-C (here an alarm's exception, twice, every 2 ms) lands while the reader waits for a
+    piece made on the thread, or while it stops the thread: the interrupt comes out, not a lock
+    error, and no thread is left."""
+    import signal
+    import threading
+    import time
+
+    from batchsim.sim import itl
+
+    class Interrupt(BaseException):
+        pass
+
+    big = (np.zeros(itl._AHEAD), np.ones(itl._AHEAD, np.int64))
+
+    def slow():
+        yield big
+        while True:
+            time.sleep(0.003)
+            yield big[0][:10], big[1][:10]
+
+    left = [0]
+
+    def handler(signum, frame):
+        if left[0] > 0:
+            left[0] -= 1
+            raise Interrupt()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        for _ in range(10):
+            left[0] = 2
+            signal.setitimer(signal.ITIMER_REAL, 0.01, 0.002)
+            with pytest.raises(Interrupt):
+                gen = itl._ahead(slow())
+                try:
+                    for _ in gen:
+                        pass
+                finally:
+                    gen.close()  # (as weighted_summary's closing() does)
+                    while left[0]:  # (the second interrupt may land in the stopping)
+                        try:
+                            time.sleep(0.001)
+                        except Interrupt:
+                            pass
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            assert not any(t.name == "batchsim-itl" for t in threading.enumerate())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -253,3 +253,36 @@ def test_step_stream_reuses_its_buffer_only_for_sinks_that_copy(seed, monkeypatc
     assert auto.keeps_chunks
     auto._decide("timeline")
     assert not auto.keeps_chunks
+
+
+def test_a_parquet_writer_that_fails_raises_in_the_run_and_leaves_nothing(tmp_path, monkeypatch):
+    """The writer thread's error reaches the thread that writes (at a later write or at close), and
+    discard removes the temporary file: the run's thread never waits on a writer that has stopped."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from batchsim.sim.io import TableFile
+
+    class Broken(pq.ParquetWriter):
+        def write_table(self, *a, **k):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "ParquetWriter", Broken)
+    monkeypatch.setattr("batchsim.sim.io.ROW_GROUP", 4)
+    f = TableFile(tmp_path / "steps.parquet", "parquet")
+    with pytest.raises(OSError, match="disk full"):
+        for i in range(50):  # (more chunks than may wait: a write after the failure raises it)
+            f.write({"a": np.arange(8) + i})
+        f.close()
+    f.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_discarded_parquet_file_stops_its_writer(tmp_path):
+    pytest.importorskip("pyarrow")
+    from batchsim.sim.io import TableFile
+
+    f = TableFile(tmp_path / "steps.parquet", "parquet")
+    for i in range(5):
+        f.write({"a": np.arange(1000) + i})
+    thread = f._thread
+    f.discard()
+    assert not thread.is_alive() and list(tmp_path.iterdir()) == []

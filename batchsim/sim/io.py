@@ -136,6 +136,7 @@ def _arrow_table(chunk):
 # with dictionaries in 20 s, without in ~5 s at a similar size).
 _PARQUET = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
 ROW_GROUP = 1 << 18  # rows per Parquet row group
+_DEPTH = 2  # tables handed to the Parquet writer that may wait at once
 
 
 def write_parquet(path: str | Path, df) -> None:
@@ -182,7 +183,12 @@ class TableFile:
         os.close(fd)
         self._tmp = Path(tmp)
         self._out = None
-        self._queue: queue.Queue | None = None
+        # NOTE: the run's thread waits only in SimpleQueue.get (a lock acquired in C, which an
+        # interrupt leaves cleanly; a Queue's Condition.wait can be left with its lock released
+        # twice): tables go to the writer on _queue, and the writer hands back a slot on _slots for
+        # each it takes, so at most _DEPTH wait.
+        self._queue: queue.SimpleQueue | None = None
+        self._slots: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.rows = 0
@@ -198,7 +204,9 @@ class TableFile:
         else:
             table = _arrow_table(chunk)
             if self._thread is None:
-                self._queue = queue.Queue(maxsize=2)
+                self._queue, self._slots = queue.SimpleQueue(), queue.SimpleQueue()
+                for _ in range(_DEPTH):
+                    self._slots.put(None)
                 self._thread = threading.Thread(target=self._writer, args=(table.schema,), daemon=True,
                                                 name=f"batchsim-write-{self.path.name}")
                 self._thread.start()
@@ -210,10 +218,11 @@ class TableFile:
             if self._error is not None:
                 raise self._error
             try:
-                self._queue.put(item, timeout=0.5)
-                return
-            except queue.Full:
+                self._slots.get(timeout=0.5)
+                break
+            except queue.Empty:
                 continue
+        self._queue.put(item)
 
     def _writer(self, schema) -> None:
         import pyarrow as pa
@@ -226,6 +235,7 @@ class TableFile:
                 held, n = [], 0
                 while True:
                     table = self._queue.get()
+                    self._slots.put(None)
                     if table is not None:
                         held.append(table)
                         n += table.num_rows
@@ -236,14 +246,8 @@ class TableFile:
                         held, n = [whole.slice(take)], n - take
                     if table is None:
                         return
-        except BaseException as e:  # (handed to the writing thread at its next write or close)
-            self._error = e
-            while True:  # (drain, so a producer blocked on a full queue wakes)
-                try:
-                    if self._queue.get_nowait() is None:
-                        return
-                except queue.Empty:
-                    return
+        except BaseException as e:  # (handed to the writing thread at its next write or close,
+            self._error = e          # which sees it within _put's 0.5 s wait for a slot)
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -271,12 +275,7 @@ class TableFile:
     def discard(self) -> None:
         try:
             if self._thread is not None:
-                while self._thread.is_alive():  # (let it finish the chunk it writes, then stop)
-                    try:
-                        self._queue.put(None, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
+                self._queue.put(None)  # (it finishes the chunk it writes and what waits, then stops)
                 self._thread.join()
                 self._thread = None
             if self._out is not None:

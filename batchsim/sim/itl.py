@@ -27,10 +27,12 @@ equals ``np.percentile`` over the repeated values.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import sys
 import threading
+import time
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -521,40 +523,55 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
             break
     else:
         return
-    q: queue.Queue = queue.Queue(depth)
+    # NOTE: the caller's thread waits only in SimpleQueue.get, a lock acquired in C: a signal
+    # handler's exception (Ctrl-C) leaves it cleanly, where a Queue's Python-level Condition.wait
+    # can be left with its lock released twice ("release unlocked lock" instead of the interrupt).
+    # The bound (``depth`` made ahead) is a second SimpleQueue of free slots.
+    made: queue.SimpleQueue = queue.SimpleQueue()
+    slots: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(depth):
+        slots.put(None)
     stop = threading.Event()
-
-    def put(msg) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(msg, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def make() -> None:
         try:
             for x in it:
-                if not put((1, x)):
-                    return
-            put((0, None))
+                while True:
+                    if stop.is_set():
+                        return
+                    try:
+                        slots.get(timeout=0.1)
+                        break
+                    except queue.Empty:
+                        continue
+                made.put((1, x))
+            made.put((0, None))
         except BaseException as e:  # (raised where the items are read)
-            put((2, e))
+            made.put((2, e))
 
     thread = threading.Thread(target=make, name="batchsim-itl", daemon=True)
-    thread.start()
     try:
+        thread.start()  # (inside: an interrupt while it starts still stops it)
         while True:
-            kind, x = q.get()
+            kind, x = made.get()
             if kind == 0:
                 return
             if kind == 2:
                 raise x
+            slots.put(None)
             yield x
     finally:
         stop.set()
-        thread.join()
+        late = None  # (a further interrupt while the thread stops: raised once it has, within 0.1 s
+        while True:  # and the piece it is making)
+            try:
+                while thread.is_alive():  # (not join: the thread may not have started)
+                    time.sleep(0.002)
+                break
+            except BaseException as e:
+                late = e
+        if late is not None:
+            raise late
 
 
 class FirstPass:
@@ -611,8 +628,9 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     ``_FEW`` pieces' values, one pass: the kept values sorted outright. ``first``: the first pass
     over the pieces before those of ``rest()`` already made (:class:`ItlAhead`): the same bits."""
     first, rest = (FirstPass(), pieces) if first is None else (first.copy(), rest)
-    for v, c in _ahead(rest()):
-        first.add(v, c)
+    with contextlib.closing(_ahead(rest())) as made:  # (closed as an error leaves: its thread stops)
+        for v, c in made:
+            first.add(v, c)
     n, total, hist, base, kept = first.n, first.total, first.hist, first.base, first.kept
     if n == 0:
         raise EmptyError("no values")
@@ -637,19 +655,20 @@ def weighted_summary(pieces: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
         found: dict[int, list] = {int(b): [] for b in wanted}
         lut = np.zeros(len(hist), dtype=bool)  # (every key is in the histogram's span: the first pass's)
         lut[wanted - base] = True
-        for v, c in _ahead(pieces()):
-            sq += _squares(v, c, mean)
-            if not len(v):
-                continue
-            lo, hi = _keys(np.array([v.min(), v.max()])).tolist()
-            if lo < base or hi >= base + len(hist):
-                raise ValueError("weighted_summary: pieces() gave other values the second time")
-            k = _keys(v)
-            k -= base
-            sel = np.flatnonzero(lut[k])
-            for b in np.unique(k[sel]).tolist():
-                at = sel[k[sel] == b]
-                found[b + base].append((v[at], c[at]))
+        with contextlib.closing(_ahead(pieces())) as made:
+            for v, c in made:
+                sq += _squares(v, c, mean)
+                if not len(v):
+                    continue
+                lo, hi = _keys(np.array([v.min(), v.max()])).tolist()
+                if lo < base or hi >= base + len(hist):
+                    raise ValueError("weighted_summary: pieces() gave other values the second time")
+                k = _keys(v)
+                k -= base
+                sel = np.flatnonzero(lut[k])
+                for b in np.unique(k[sel]).tolist():
+                    at = sel[k[sel] == b]
+                    found[b + base].append((v[at], c[at]))
         at_rank = {}
         for r, b in where.items():  # (the rank within its bucket: past the buckets before it)
             within = r - (int(cum[b - 1]) if b else 0)
