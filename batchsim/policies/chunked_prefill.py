@@ -62,8 +62,4 @@ class ChunkedPrefillPolicy(RecipePolicy):
 
     def make_recipe(self) -> IterationRecipe:
         """Decodes (with preemption), then partial prefills, then new admissions."""
-        cfg = self.config
-        return IterationRecipe(moves=MOVES[cfg.prefill_mode], max_num_seqs=cfg.max_num_seqs,
-                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order,
-                               admission=cfg.admission, victim=cfg.victim,
-                               watermark=cfg.watermark)
+        return self.config.recipe(MOVES[self.config.prefill_mode])

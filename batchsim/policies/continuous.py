@@ -51,8 +51,4 @@ class ContinuousPolicy(RecipePolicy):
 
     def make_recipe(self) -> IterationRecipe:
         """Prefill-only else decodes (separate), or decodes then prefills (mixed)."""
-        cfg = self.config
-        return IterationRecipe(moves=MOVES[cfg.prefill_mode], max_num_seqs=cfg.max_num_seqs,
-                               max_num_batched_tokens=cfg.max_num_batched_tokens, order=cfg.order,
-                               admission=cfg.admission, victim=cfg.victim,
-                               watermark=cfg.watermark)
+        return self.config.recipe(MOVES[self.config.prefill_mode])

@@ -31,7 +31,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from batchsim.policies.base import PolicyConfig, held_blocks
 from batchsim.policies.ordering import QUEUE_ORDERS, VICTIM_RULES, QueueOrder, VictimRule, last_admitted
-from batchsim.policies.recipe import Admission, IterationRecipe
+from batchsim.policies.recipe import Admission, IterationRecipe, Move
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
 
@@ -80,6 +80,12 @@ class IterationConfig(PolicyConfig):
     enable_prefix_caching: bool = Field(
         False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
                            "--enable-prefix-caching); needs prefix hashes in the workload.")
+
+    def recipe(self, moves: tuple[Move, ...]) -> IterationRecipe:
+        """The recipe of these limits and rules with the policy's ``moves``."""
+        return IterationRecipe(moves=moves, max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens, order=self.order,
+                               admission=self.admission, victim=self.victim, watermark=self.watermark)
 
     @field_validator("max_num_batched_tokens")
     @classmethod
