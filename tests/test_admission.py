@@ -106,7 +106,36 @@ def test_a_prompt_that_can_never_leave_the_watermark_free_is_rejected():
     rows = req.sort_values("rid")
     assert list(rows["status"]) == ["rejected", "completed"]
     assert rows["reason"].iloc[0] == ("32 tokens need 8 KV blocks but only 7 of the 10 may be allocated at "
-                                      "admission (watermark 3 blocks)")
+                                      "admission (the watermark keeps 3 free)")
+
+
+@pytest.mark.parametrize("rule", ["remaining", "completion"])
+def test_the_watermark_rejects_by_what_the_rule_holds(rule):
+    # 8 + 30 tokens fill all 10 blocks of 4 (the replica accepts it); watermark 0.1 keeps 1 free. 'step' admits it
+    # on its prompt, but 'remaining' and 'completion' ask for all 38 tokens at admission: never, so it is rejected
+    # rather than left waiting (and blocking the queue) forever.
+    req, *_ = _run(rule, _two([8, 4], [30, 4]), blocks=10, watermark=0.1)
+    rows = req.sort_values("rid")
+    assert list(rows["status"]) == ["rejected", "completed"]
+    assert rows["reason"].iloc[0].startswith("38 tokens need 10 KV blocks but only 9 of the 10")
+    req, *_ = _run("step", _two([8, 4], [30, 4]), blocks=10, watermark=0.1)
+    assert (req["status"] == "completed").all()
+
+
+def test_fewest_decoded_retracts_from_the_whole_decode_batch_before_scheduling():
+    # A (30-token prompt) and B (4) finish their prompts in one step and decode in lockstep, tied on generated
+    # tokens, until 61 one-token blocks run out. SGLang's retract_decode sorts the whole batch first and retracts
+    # the longest prompt on the tie (A); vLLM's rule would schedule A (the oldest) and preempt B.
+    spec = {"name": "chunked_prefill", "max_num_seqs": 8, "max_num_batched_tokens": 24, "prefill_mode": "separate"}
+    wl = _two([30, 4], [20, 20])
+    got = {}
+    for victim in ("fewest_decoded", "last_admitted"):
+        req, *_ = run_engine(lambda: policies.create_policy(dict(spec, victim=victim)), wl, cost=ConstantCost(0.01),
+                             kv_blocks=61, block_size=1)
+        rows = req.sort_values("rid")
+        assert (rows["status"] == "completed").all()
+        got[victim] = list(rows["preemptions"] > 0)
+    assert got == {"fewest_decoded": [True, False], "last_admitted": [False, True]}
 
 
 @pytest.mark.parametrize("victim,preempted", [("last_admitted", 1), ("fewest_decoded", 0)])

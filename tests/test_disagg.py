@@ -652,3 +652,14 @@ def test_pairing_at_arrival_counts_the_bootstrap_queue_for_routing_and_queue_lim
         req, *_ = run_disagg(wl, decode_blocks=2, pairing=pairing, max_queue_len=2)
         assert list(req.status) == ["completed"] * 2 + ["rejected"] * 4
         assert set(req.reason[req.status == "rejected"]) == {"queue full (2 waiting)"}
+
+
+@pytest.mark.parametrize("pairing", ["after_prefill", "at_arrival"])
+def test_a_decode_pool_with_a_watermark_admits_what_arrived_by_transfer(pairing):
+    """A transferred request holds its KV on the decode replica before it is admitted; the admission
+    watermark guards blocks an admission allocates, so it does not hold back requests whose KV is there
+    (three transfers leave 1 of 10 blocks free, under a 0.3 watermark's 3; they used to wait forever)."""
+    wl = workload([0.0, 0.0, 0.0, 0.0], [8, 8, 8, 8], [4, 4, 4, 4])
+    req, *_ = run_disagg(wl, decode_blocks=10, block_size=4, pairing=pairing,
+                         decode_policy={"name": "continuous", "watermark": 0.3})
+    assert (req["status"] == "completed").all()

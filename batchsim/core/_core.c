@@ -533,10 +533,21 @@ static int64_t future_blocks(core_t *s, int64_t rid, int64_t q) {
     /* StepBuilder._future: admission 'remaining', the blocks rid still needs for its remaining output
      * (clipped) beyond this step's q tokens, once its prompt is in */
     int64_t now = s->num_computed[rid] + q;
-    if (!s->num_generated[rid] && now < s->num_tokens[rid]) return 0;
+    int in_prefill = !s->num_generated[rid] || s->num_tokens[rid] - s->num_computed[rid] > 1;
+    if (in_prefill && now < s->num_tokens[rid]) return 0;  /* (a recompute's prompt too) */
     int64_t left = s->output[rid] - s->num_generated[rid];
     if (left > REMAINING_CLIP) left = REMAINING_CLIP;
     return need_blocks(s, rid, s->num_tokens[rid] + left) - need_blocks(s, rid, now);
+}
+
+static int64_t whole_tokens(core_t *s, int64_t rid) {
+    /* StepBuilder._whole: the tokens the admission rule asks the KV to hold */
+    if (s->rc.admission == ADM_COMPLETION) return s->prompt[rid] + s->output[rid];
+    if (s->rc.admission == ADM_REMAINING) {
+        int64_t left = s->output[rid] - s->num_generated[rid];
+        return s->num_tokens[rid] + (left > REMAINING_CLIP ? REMAINING_CLIP : left);
+    }
+    return s->num_tokens[rid];
 }
 
 static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
@@ -560,12 +571,12 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
             s->reason_val[rid] = pending;
             continue;
         }
-        int64_t keep = r->keep;
-        if (keep && need_blocks(s, rid, s->num_tokens[rid]) > r->total_blocks - keep) {
+        int64_t keep = s->held[rid] ? 0 : r->keep;  /* (KV that arrived by transfer is not allocated here) */
+        if (keep && need_blocks(s, rid, whole_tokens(s, rid)) > r->total_blocks - keep) {
             /* vLLM V0 can_allocate's NEVER: it could never leave the watermark free */
             r->rej[r->nrej++] = rid;
             s->reason[rid] = RS_WATERMARK;
-            s->reason_val[rid] = s->num_tokens[rid];
+            s->reason_val[rid] = whole_tokens(s, rid);
             continue;
         }
         if (b->slots < 1 || b->budget < 1) return;
@@ -574,12 +585,8 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held;
          * each leaving the watermark's blocks free */
         if (adm == ADM_SEQUENCE && need_blocks(s, rid, s->num_tokens[rid]) + keep > b->free) return;
-        if (adm == ADM_REMAINING) {
-            int64_t left = s->output[rid] - s->num_generated[rid];
-            if (left > REMAINING_CLIP) left = REMAINING_CLIP;
-            if (need_blocks(s, rid, s->num_tokens[rid] + left) + promised + keep > b->free) return;
-        }
-        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? s->prompt[rid] + s->output[rid] : 0, keep)) return;
+        if (adm == ADM_REMAINING && need_blocks(s, rid, whole_tokens(s, rid)) + promised + keep > b->free) return;
+        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? whole_tokens(s, rid) : 0, keep)) return;
         if (adm == ADM_REMAINING) promised += future_blocks(s, rid, q);
         b->slots -= 1;
     }
@@ -618,6 +625,30 @@ static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
     int64_t k = 0;
     for (int64_t i = 0; i < r->nrun; i++)
         if (is_decode(s, r->run[i])) dec[k++] = r->run[i];
+    if (s->rc.victim == VICTIM_FEWEST_DECODED) {
+        /* RETRACT_FIRST (SGLang retract_decode): while the decodes cannot all grow and more than one is
+         * left, preempt the victim among them all: the least (generated, -prompt), the newest on ties */
+        int64_t m = 0, need_k = 0;
+        for (int64_t j = 0; j < k; j++)
+            if (!is_pre(s, dec[j])) { dec[m++] = dec[j]; need_k += need_blocks(s, dec[j], s->num_computed[dec[j]] + 1); }
+        k = m;
+        while (k > 1 && need_k > b->free) {
+            int64_t vi = k - 1;
+            for (int64_t j = k - 2; j >= 0; j--) {
+                int64_t x = dec[j], v = dec[vi];
+                if (s->num_generated[x] < s->num_generated[v] ||
+                    (s->num_generated[x] == s->num_generated[v] && s->prompt[x] > s->prompt[v])) vi = j;
+            }
+            int64_t v = dec[vi];
+            need_k -= need_blocks(s, v, s->num_computed[v] + 1);
+            r->pre[r->npre++] = v;
+            s->mark_pre[v] = s->epoch;
+            b->free += s->held[v];
+            b->slots += 1;
+            for (int64_t j = vi; j < k - 1; j++) dec[j] = dec[j + 1];
+            k--;
+        }
+    }
     for (int64_t j = 0; j < k; j++) {
         int64_t rid = dec[j];
         if (is_pre(s, rid)) continue;
@@ -1614,20 +1645,21 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.IterationConfig.recipe ee43759897f3\n"
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
-    "batchsim.policies.step.StepBuilder.__init__ 239ff2f42f0a\n"
-    "batchsim.policies.step.StepBuilder._future 0ae559b3ea7f\n"
+    "batchsim.policies.step.StepBuilder.__init__ 9907656ac44b\n"
+    "batchsim.policies.step.StepBuilder._future 821a3f0cb7f9\n"
     "batchsim.policies.step.StepBuilder._preempt 0344c4a94cde\n"
     "batchsim.policies.step.StepBuilder._try 118c75d640ce\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
-    "batchsim.policies.step.StepBuilder.admit af0d7cefd842\n"
+    "batchsim.policies.step.StepBuilder._whole 1ce602732704\n"
+    "batchsim.policies.step.StepBuilder.admit ea9cb15f9ce5\n"
     "batchsim.policies.step.StepBuilder.plan ad355400bb5c\n"
-    "batchsim.policies.step.StepBuilder.schedule_decodes 810eba15e961\n"
+    "batchsim.policies.step.StepBuilder.schedule_decodes 5bd6b27e77dd\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
     "batchsim.policies.step.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
-    "batchsim.policies.step.over_watermark 6893166d96a6\n"
-    "batchsim.policies.step.run_iteration 8bf514cce97a\n"
+    "batchsim.policies.step.over_watermark c8364d4bb38a\n"
+    "batchsim.policies.step.run_iteration dcb47092615b\n"
     "batchsim.sim.engine.Cluster.__init__ 6dd05058d515\n"
     "batchsim.sim.engine.Cluster._arrivals a884ce4b6c0b\n"
     "batchsim.sim.engine.Cluster._client b640776e8788\n"
@@ -1821,12 +1853,14 @@ static const char CORE_RULES[] =
     "const:batchsim.calibrate.costmodel.WEIGHT_DTYPES 1c59d451d149\n"
     "const:batchsim.calibrate.costmodel._CACHE_LIMIT 0f255ec16482\n"
     "const:batchsim.calibrate.work.B_ACT d84bdb34d4ee\n"
+    "const:batchsim.policies.ordering.RETRACT_FIRST f71d36f9a9ca\n"
     "const:batchsim.policies.recipe.ADMISSIONS a1f2afd3ee9f\n"
     "const:batchsim.policies.recipe.GUARDS 47136d6471eb\n"
     "const:batchsim.policies.recipe.MOVES dc7bfba81d3f\n"
     "const:batchsim.policies.recipe.ORDERS 28cfbea2e65d\n"
     "const:batchsim.policies.recipe.VICTIMS 3c08df52c6b9\n"
     "const:batchsim.policies.step.REMAINING_CLIP 8b926d75599a\n"
+    "const:batchsim.policies.step.RETRACT_FIRST f71d36f9a9ca\n"
     "const:batchsim.sim.engine.COMPLETED a3b605a665d1\n"
     "const:batchsim.sim.engine.REJECTED d5feaf829c44\n"
     "const:batchsim.sim.router.CACHE_AWARE_ABS e29c9c180c62\n"
@@ -1851,11 +1885,11 @@ static const char CORE_RULES[] =
     "file:batchsim.calibrate.curves 088d0215b6d7\n"
     "file:batchsim.calibrate.work 0e7711d20b35\n"
     "file:batchsim.policies.base 3ab778e584ef\n"
-    "file:batchsim.policies.ordering 54704304ce3c\n"
+    "file:batchsim.policies.ordering 71898a807d46\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe 6d4c8f21a5b4\n"
+    "file:batchsim.policies.recipe a71a91261d02\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step 53f32d8d3db3\n"
+    "file:batchsim.policies.step 10b4e092379e\n"
     "file:batchsim.sim.engine 8889058b06ee\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"

@@ -13,7 +13,7 @@ from typing import Callable, Literal, Sequence
 
 from batchsim.sim.protocols import SeqView
 
-__all__ = ["QueueOrder", "QUEUE_ORDERS", "VICTIM_RULES", "VictimRule", "fcfs", "shortest_prompt_first", "last_admitted",
+__all__ = ["QueueOrder", "QUEUE_ORDERS", "RETRACT_FIRST", "VICTIM_RULES", "VictimRule", "fcfs", "shortest_prompt_first", "last_admitted",
            "fewest_decoded"]
 
 QueueOrder = Literal["fcfs", "shortest_prompt_first"]
@@ -71,3 +71,8 @@ VICTIM_RULES: dict[str, Callable[[Sequence[SeqView]], SeqView]] = {
     "last_admitted": last_admitted,
     "fewest_decoded": fewest_decoded,
 }
+
+# Victim rules applied as SGLang's retract_decode applies its own: over the whole decode batch, before
+# any of it is scheduled, until the rest can grow (the others: vLLM's, over the sequences not yet
+# scheduled, when one cannot grow).
+RETRACT_FIRST = frozenset({"fewest_decoded"})

@@ -50,18 +50,20 @@ How much KV an admission must find free is the recipe's ``admission`` rule:
 =====================  ==========================================================
 
 Whatever the rule, an admission leaves ``watermark`` of the replica's KV blocks
-(``int(watermark x total blocks)``) free, and a waiting sequence whose known tokens
-need more than the blocks less the watermark is rejected (vLLM V0
+(``int(watermark x total blocks)``) free, and a waiting sequence for which the rule
+asks more than the blocks less the watermark is rejected (vLLM V0
 ``BlockSpaceManager.can_allocate``: ``LATER`` and ``NEVER``). Running sequences'
-growth ignores it, as in vLLM V0.
+growth ignores it, as in vLLM V0, and so does the admission of a sequence that
+already holds KV (a transfer's, on a disaggregated decode pool).
 
 =====================  ==========================================================
 ``victim``             the running sequence preempted when one cannot grow
 =====================  ==========================================================
 ``last_admitted``      the most recently admitted (vLLM)
 ``fewest_decoded``     the fewest generated tokens, the longest prompt on ties,
-                       then the most recently admitted (SGLang
-                       ``retraction_policy='length'``)
+                       then the most recently admitted, chosen first among all
+                       the step's decodes while they cannot all grow (SGLang
+                       ``retract_decode``, ``retraction_policy='length'``)
 =====================  ==========================================================
 
 Each move appears at most once, and a recipe admits whole prompts or chunks,

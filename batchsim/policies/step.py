@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 from pydantic import Field, ValidationInfo, field_validator
 
 from batchsim.policies.base import PolicyConfig, held_blocks
-from batchsim.policies.ordering import QUEUE_ORDERS, VICTIM_RULES, QueueOrder, VictimRule, last_admitted
+from batchsim.policies.ordering import QUEUE_ORDERS, RETRACT_FIRST, VICTIM_RULES, QueueOrder, VictimRule, last_admitted
 from batchsim.policies.recipe import Admission, IterationRecipe, Move
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
@@ -51,7 +51,7 @@ def over_budget(pending: int, cap: int) -> str:
 def over_watermark(tokens: int, blocks: int, total: int, watermark: int) -> str:
     """Why a sequence is rejected at admission: it can never leave the watermark free (vLLM V0 NEVER)."""
     return (f"{tokens} tokens need {blocks} KV blocks but only {total - watermark} of the {total} may be "
-            f"allocated at admission (watermark {watermark} blocks)")
+            f"allocated at admission (the watermark keeps {watermark} free)")
 
 
 class IterationConfig(PolicyConfig):
@@ -101,7 +101,7 @@ class IterationConfig(PolicyConfig):
 def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
     """One step of an iteration-level policy: the recipe's moves, in order, under its guards."""
     step = StepBuilder(view, recipe.max_num_batched_tokens, recipe.max_num_seqs, VICTIM_RULES[recipe.victim],
-                       recipe.admission, recipe.watermark)
+                       recipe.admission, recipe.watermark, recipe.victim in RETRACT_FIRST)
     stalled = False
     for move in recipe.moves:
         skip = move.unless
@@ -124,8 +124,9 @@ class StepBuilder:
 
     def __init__(self, view: ReplicaView, max_num_batched_tokens: int, max_num_seqs: int,
                  victim: Callable[[Sequence[SeqView]], SeqView] = last_admitted,
-                 admission: Admission = "step", watermark: float = 0.0) -> None:
+                 admission: Admission = "step", watermark: float = 0.0, retract_first: bool = False) -> None:
         self.view = view
+        self.retract_first = retract_first  # victims from the whole decode batch before scheduling (SGLang)
         self.admission = admission
         self.watermark = int(watermark * view.kv.total_blocks)  # blocks an admission leaves free
         self.cap = max_num_batched_tokens
@@ -165,11 +166,20 @@ class StepBuilder:
         self.free += held_blocks(self.view.kv, seq)
         self.slots += 1
 
+    def _whole(self, seq: SeqView) -> int:
+        """The tokens the admission rule asks the KV to hold for ``seq``: its known tokens, plus its
+        output (``completion``) or its remaining output clipped (``remaining``)."""
+        if self.admission == "completion":
+            return seq.prompt_tokens + seq.max_tokens
+        if self.admission == "remaining":
+            return seq.num_tokens + min(seq.max_tokens - seq.num_generated, REMAINING_CLIP)
+        return seq.num_tokens
+
     def _future(self, seq: SeqView) -> int:
         """Admission 'remaining': the blocks ``seq`` will still need for its remaining output (clipped)
         beyond what this plan gives it, once its prompt is in (0 while this step leaves it mid-prompt)."""
         kv, now = self.view.kv, seq.num_computed + self.num_tokens.get(seq.rid, 0)
-        if not seq.num_generated and now < seq.num_tokens:
+        if seq.in_prefill and now < seq.num_tokens:  # (a recompute's prompt too)
             return 0
         left = min(seq.max_tokens - seq.num_generated, REMAINING_CLIP)
         return kv.blocks_needed(seq, seq.num_tokens + left) - kv.blocks_needed(seq, now)
@@ -185,10 +195,21 @@ class StepBuilder:
         vLLM v0 ``_schedule_running``: take running decodes oldest first;
         while one cannot grow, preempt the victim (by default the most
         recently admitted sequence not yet scheduled); if that victim is the
-        sequence itself, stop there.
+        sequence itself, stop there. With ``retract_first`` (SGLang
+        ``retract_decode``), first, while the decodes cannot all grow and more
+        than one is left, preempt the victim among all of them.
         """
         # decodes: a token generated and exactly one pending (not in_prefill)
         decodes = [s for s in self.live if s.num_generated and s.num_tokens - s.num_computed == 1]
+        if self.retract_first:
+            kv = self.view.kv
+            decodes = [s for s in decodes if s.rid not in self.preempted]
+            need = sum(kv.blocks_needed(s, s.num_computed + 1) for s in decodes)
+            while len(decodes) > 1 and need > self.free:
+                victim = self.victim(decodes)
+                need -= kv.blocks_needed(victim, victim.num_computed + 1)
+                self._preempt(victim)
+                decodes.remove(victim)
         for seq in decodes:
             if seq.rid in self.preempted:
                 continue
@@ -239,10 +260,12 @@ class StepBuilder:
             if not chunked and seq.pending > self.cap:
                 self.reject[seq.rid] = over_budget(seq.pending, self.cap)
                 continue
-            if keep:
-                whole = kv.blocks_needed(seq, seq.num_tokens)
-                if whole > kv.total_blocks - keep:
-                    self.reject[seq.rid] = over_watermark(seq.num_tokens, whole, kv.total_blocks, keep)
+            spare = keep if keep and not kv.blocks_held(seq) else 0  # (KV that arrived by transfer: not allocated here)
+            if spare:
+                tokens = self._whole(seq)
+                whole = kv.blocks_needed(seq, tokens)
+                if whole > kv.total_blocks - spare:
+                    self.reject[seq.rid] = over_watermark(tokens, whole, kv.total_blocks, spare)
                     continue
             if self.slots < 1 or self.budget < 1:
                 return
@@ -250,21 +273,20 @@ class StepBuilder:
             if q > self.budget:
                 return
             if rule == "step":
-                if not self._try(seq, q, 0, keep):
+                if not self._try(seq, q, 0, spare):
                     return
             elif rule == "sequence":
-                if kv.blocks_needed(seq, seq.num_tokens) + keep > self.free or not self._try(seq, q, 0, keep):
+                if kv.blocks_needed(seq, seq.num_tokens) + spare > self.free or not self._try(seq, q, 0, spare):
                     return
             elif rule == "remaining":
-                left = min(seq.max_tokens - seq.num_generated, REMAINING_CLIP)
-                if kv.blocks_needed(seq, seq.num_tokens + left) + promised + keep > self.free:
+                if kv.blocks_needed(seq, self._whole(seq)) + promised + spare > self.free:
                     return
-                if not self._try(seq, q, 0, keep):
+                if not self._try(seq, q, 0, spare):
                     return
                 promised += self._future(seq)
             else:
-                hold = seq.prompt_tokens + seq.max_tokens
-                if not self._try(seq, q, hold, keep):
+                hold = self._whole(seq)
+                if not self._try(seq, q, hold, spare):
                     return
                 self.reserve[seq.rid] = hold
             self.slots -= 1
