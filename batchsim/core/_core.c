@@ -584,8 +584,8 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         if (q > b->budget) return;
         /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held;
          * each leaving the watermark's blocks free */
-        if (adm == ADM_SEQUENCE && need_blocks(s, rid, s->num_tokens[rid]) + keep > b->free) return;
-        if (adm == ADM_REMAINING && need_blocks(s, rid, whole_tokens(s, rid)) + promised + keep > b->free) return;
+        if ((adm == ADM_SEQUENCE || adm == ADM_REMAINING) && need_blocks(s, rid, whole_tokens(s, rid)) + promised + keep > b->free)
+            return;
         if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? whole_tokens(s, rid) : 0, keep)) return;
         if (adm == ADM_REMAINING) promised += future_blocks(s, rid, q);
         b->slots -= 1;
@@ -594,6 +594,12 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
 
 static int is_decode(core_t *s, int64_t rid) {
     return s->num_generated[rid] && s->num_tokens[rid] - s->num_computed[rid] == 1;
+}
+
+static int fewer_decoded(core_t *s, int64_t x, int64_t v) {
+    /* ordering.fewest_decoded's key: (generated, -prompt) of x below v's */
+    return s->num_generated[x] < s->num_generated[v] ||
+           (s->num_generated[x] == s->num_generated[v] && s->prompt[x] > s->prompt[v]);
 }
 
 static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
@@ -628,17 +634,11 @@ static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
     if (s->rc.victim == VICTIM_FEWEST_DECODED) {
         /* RETRACT_FIRST (SGLang retract_decode): while the decodes cannot all grow and more than one is
          * left, preempt the victim among them all: the least (generated, -prompt), the newest on ties */
-        int64_t m = 0, need_k = 0;
-        for (int64_t j = 0; j < k; j++)
-            if (!is_pre(s, dec[j])) { dec[m++] = dec[j]; need_k += need_blocks(s, dec[j], s->num_computed[dec[j]] + 1); }
-        k = m;
+        int64_t need_k = need;  /* (every decode's growth, summed above: nothing is preempted yet) */
         while (k > 1 && need_k > b->free) {
             int64_t vi = k - 1;
-            for (int64_t j = k - 2; j >= 0; j--) {
-                int64_t x = dec[j], v = dec[vi];
-                if (s->num_generated[x] < s->num_generated[v] ||
-                    (s->num_generated[x] == s->num_generated[v] && s->prompt[x] > s->prompt[v])) vi = j;
-            }
+            for (int64_t j = k - 2; j >= 0; j--)
+                if (fewer_decoded(s, dec[j], dec[vi])) vi = j;
             int64_t v = dec[vi];
             need_k -= need_blocks(s, v, s->num_computed[v] + 1);
             r->pre[r->npre++] = v;
@@ -663,8 +663,7 @@ static void schedule_decodes(core_t *s, replica_t *r, builder_t *b) {
                 if (v < 0) {
                     v = x;
                     if (s->rc.victim == VICTIM_LAST_ADMITTED) break;
-                } else if (s->num_generated[x] < s->num_generated[v] ||
-                           (s->num_generated[x] == s->num_generated[v] && s->prompt[x] > s->prompt[v])) {
+                } else if (fewer_decoded(s, x, v)) {
                     v = x;
                 }
             }
@@ -1651,9 +1650,9 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.StepBuilder._try 118c75d640ce\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
     "batchsim.policies.step.StepBuilder._whole 1ce602732704\n"
-    "batchsim.policies.step.StepBuilder.admit ea9cb15f9ce5\n"
+    "batchsim.policies.step.StepBuilder.admit 96d3be821297\n"
     "batchsim.policies.step.StepBuilder.plan ad355400bb5c\n"
-    "batchsim.policies.step.StepBuilder.schedule_decodes 5bd6b27e77dd\n"
+    "batchsim.policies.step.StepBuilder.schedule_decodes 7979d6ed5e0e\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
     "batchsim.policies.step.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
@@ -1889,7 +1888,7 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.padded c5589f2000ce\n"
     "file:batchsim.policies.recipe a71a91261d02\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step 10b4e092379e\n"
+    "file:batchsim.policies.step a6dd2376d1b5\n"
     "file:batchsim.sim.engine 8889058b06ee\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"

@@ -201,9 +201,8 @@ class StepBuilder:
         """
         # decodes: a token generated and exactly one pending (not in_prefill)
         decodes = [s for s in self.live if s.num_generated and s.num_tokens - s.num_computed == 1]
-        if self.retract_first:
+        if self.retract_first:  # (nothing is preempted yet: this is the only move that preempts)
             kv = self.view.kv
-            decodes = [s for s in decodes if s.rid not in self.preempted]
             need = sum(kv.blocks_needed(s, s.num_computed + 1) for s in decodes)
             while len(decodes) > 1 and need > self.free:
                 victim = self.victim(decodes)
@@ -272,22 +271,16 @@ class StepBuilder:
             q = min(seq.pending, self.budget) if chunked else seq.pending
             if q > self.budget:
                 return
-            if rule == "step":
-                if not self._try(seq, q, 0, spare):
-                    return
-            elif rule == "sequence":
-                if kv.blocks_needed(seq, seq.num_tokens) + spare > self.free or not self._try(seq, q, 0, spare):
-                    return
-            elif rule == "remaining":
-                if kv.blocks_needed(seq, self._whole(seq)) + promised + spare > self.free:
-                    return
-                if not self._try(seq, q, 0, spare):
-                    return
+            # 'sequence' and 'remaining' check what the rule holds (after the running sequences'
+            # remaining output, with 'remaining'); 'completion' allocates it; 'step' this step's tokens
+            if rule in ("sequence", "remaining") and kv.blocks_needed(seq, self._whole(seq)) + promised + spare > self.free:
+                return
+            hold = self._whole(seq) if rule == "completion" else 0
+            if not self._try(seq, q, hold, spare):
+                return
+            if rule == "remaining":
                 promised += self._future(seq)
-            else:
-                hold = self._whole(seq)
-                if not self._try(seq, q, hold, spare):
-                    return
+            elif hold:
                 self.reserve[seq.rid] = hold
             self.slots -= 1
 
