@@ -131,3 +131,44 @@ def written(result, folder) -> dict[str, bytes]:
     files["summary.json"] = json.dumps(outcome(json.loads(files["summary.json"])), sort_keys=True).encode()
     files["itl"] = result.itl.frame().to_csv(index=False).encode()
     return files
+
+
+class Interrupt(BaseException):
+    """What :class:`AlarmInterrupts` raises: like KeyboardInterrupt, not an Exception."""
+
+
+class AlarmInterrupts:
+    """Ctrl-C stand-ins: once armed, SIGALRM after 10 ms and then every 2 ms raises
+    :class:`Interrupt`, ``times`` times (``left`` says how many are still to come). POSIX only."""
+
+    def __init__(self) -> None:
+        self.left = 0
+
+    def _handler(self, signum, frame) -> None:
+        if self.left > 0:
+            self.left -= 1
+            raise Interrupt()
+
+    def __enter__(self) -> "AlarmInterrupts":
+        import signal
+
+        self._old = signal.signal(signal.SIGALRM, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self._old)
+
+    def arm(self, times: int = 2) -> None:
+        import signal
+
+        self.left = times
+        signal.setitimer(signal.ITIMER_REAL, 0.01, 0.002)
+
+    def disarm(self) -> None:
+        import signal
+
+        self.left = 0
+        signal.setitimer(signal.ITIMER_REAL, 0)

@@ -27,7 +27,7 @@ from batchsim import core
 from batchsim.app.config import scenario_from_dict
 from batchsim.sim.errors import InputError
 from batchsim.app.runner import Parts, build_parts, simulate
-from tests.engine_helpers import POLICIES, _calibrated_like, _scenario, outcome, written
+from tests.engine_helpers import POLICIES, AlarmInterrupts, Interrupt, _calibrated_like, _scenario, outcome, written
 from tests.test_properties import POLICY_SPECS, workloads
 
 pytestmark = pytest.mark.skipif(core.library() is None, reason=f"no compiled core here: {core.library_error()}")
@@ -407,36 +407,20 @@ def test_interrupts_while_the_core_runs_on_leave_nothing_running(monkeypatch):
     while the core thread is waited for, while it is being stopped): the run stops with the
     interrupt, and only once the core's call in flight returned; no thread is left running and
     no run is reported in progress."""
-    import signal
     import threading
-
-    class Interrupt(BaseException):
-        pass
 
     monkeypatch.setattr(core, "_STEP_CAP", 64)
     sc = scenario_from_dict(dict(_scenario(POLICIES["continuous"]), engine="core"))
     parts = build_parts(sc)
-    left = [0]
-
-    def handler(signum, frame):
-        if left[0] > 0:
-            left[0] -= 1
-            raise Interrupt()
-
-    old = signal.signal(signal.SIGALRM, handler)
-    try:
+    with AlarmInterrupts() as alarms:
         for _ in range(12):
-            left[0] = 2
-            signal.setitimer(signal.ITIMER_REAL, 0.01, 0.002)
+            alarms.arm(2)
             try:
                 simulate(sc, parts)
             except Interrupt:
                 pass
             finally:
-                left[0] = 0
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                alarms.disarm()
             assert core.progress() is None
             assert not [t for t in threading.enumerate() if t.name == "batchsim-core"]
-    finally:
-        signal.signal(signal.SIGALRM, old)
     assert simulate(sc, parts).engine["engine"] == "core"

@@ -410,14 +410,11 @@ def test_an_interrupt_while_pieces_are_read_ahead_stops_cleanly():
     """Ctrl-C (here an alarm's exception, twice, every 2 ms) lands while the reader waits for a
     piece made on the thread, or while it stops the thread: the interrupt comes out, not a lock
     error, and no thread is left."""
-    import signal
     import threading
     import time
 
     from batchsim.sim import itl
-
-    class Interrupt(BaseException):
-        pass
+    from tests.engine_helpers import AlarmInterrupts, Interrupt
 
     big = (np.zeros(itl._AHEAD), np.ones(itl._AHEAD, np.int64))
 
@@ -427,18 +424,9 @@ def test_an_interrupt_while_pieces_are_read_ahead_stops_cleanly():
             time.sleep(0.003)
             yield big[0][:10], big[1][:10]
 
-    left = [0]
-
-    def handler(signum, frame):
-        if left[0] > 0:
-            left[0] -= 1
-            raise Interrupt()
-
-    old = signal.signal(signal.SIGALRM, handler)
-    try:
+    with AlarmInterrupts() as alarms:
         for _ in range(10):
-            left[0] = 2
-            signal.setitimer(signal.ITIMER_REAL, 0.01, 0.002)
+            alarms.arm(2)
             with pytest.raises(Interrupt):
                 gen = itl._ahead(slow())
                 try:
@@ -446,13 +434,10 @@ def test_an_interrupt_while_pieces_are_read_ahead_stops_cleanly():
                         pass
                 finally:
                     gen.close()  # (as weighted_summary's closing() does)
-                    while left[0]:  # (the second interrupt may land in the stopping)
+                    while alarms.left:  # (the second interrupt may land in the stopping)
                         try:
                             time.sleep(0.001)
                         except Interrupt:
                             pass
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    alarms.disarm()
             assert not any(t.name == "batchsim-itl" for t in threading.enumerate())
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
