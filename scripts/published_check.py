@@ -116,10 +116,24 @@ CASES += _serving_cases()
 KV_DTYPE = {"S1": "fp8"}
 
 
+# The preset's knobs a source's engine does not share. TensorRT-LLM's figures (S1-S3) are of the TensorRT
+# engine backend, whose C++ executor schedules a step only after the one before it has finished
+# (Executor::Impl::executionLoop: forwardSync, responses, fetchNewRequests, forwardAsync); the trtllm
+# preset is the PyTorch backend's, whose overlap scheduler plans ahead.
+# Sources whose requests are all in the engine before its first step: vLLM's latency benchmark hands
+# its batch to LLM.generate, which adds every request and then steps the engine. (Elsewhere "all" is
+# a client sending at an unlimited rate: one request every nanosecond.)
+AT_ONCE = {"S10"}
+POLICY = {"S1": {"schedule_ahead": False}, "S2": {"schedule_ahead": False}, "S3": {"schedule_ahead": False}}
+
+
 def _simulate(cid, src, preset, model, hw, tp, dtype, n, isl, osl, load, metric, seed):
     arrival = ({"process": "constant", "rate": 1e9} if load == "all" else {"process": "poisson", "rate": load})
+    if load == "all" and src in AT_ONCE:  # (n clients at once: every request sent at t = 0)
+        arrival = {"process": "closed", "concurrency": n}
     raw = {"name": cid, "model": model, "hardware": hw, "tensor_parallel_size": tp, "dtype": dtype,
            "engine_preset": preset, "kv_cache_dtype": KV_DTYPE.get(src, "auto"), "seed": seed,
+           **({"policy": POLICY[src]} if src in POLICY else {}),
            "workload": {"num_requests": n, "arrival": arrival,
                         "prompt_tokens": {"dist": "fixed", "value": isl},
                         "output_tokens": {"dist": "fixed", "value": osl}}}

@@ -40,7 +40,7 @@ def workload(arrivals, prompts, outputs) -> Workload:
 
 def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_blocks: int = 1000,
                block_size: int = 16, max_model_len: int = 100_000, router: str = "round_robin",
-               horizon: float | None = None, seed: int = 0, kv_factory=None):
+               horizon: float | None = None, seed: int = 0, kv_factory=None, max_queue_len: int | None = None):
     """Run the engine directly; returns (requests df, steps df, itl df: one row per gap, cluster);
     the cluster carries the run's step totals and gap records for :func:`summary_of`."""
     from batchsim.app.runner import _itl_records
@@ -52,7 +52,7 @@ def run_engine(policy_factory, wl: Workload, cost=None, replicas: int = 1, kv_bl
     kv_factory = kv_factory or (lambda: PagedKVCache(kv_blocks, block_size))
     reps = [Replica(env, i, policy_factory(), cost, kv_factory(),
                     max_model_len, steps, TokenSteps()) for i in range(replicas)]
-    cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl)
+    cluster = Cluster(env, reps, make_router(router, np.random.default_rng(seed)), wl, max_queue_len)
     env.run(until=horizon)
     steps.close()
     cluster.step_totals = steps.totals

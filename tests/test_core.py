@@ -89,6 +89,11 @@ CASES = [(p, {}) for p in ALL] + [
     *[(p, {"policy": dict(POLICIES[p], watermark=w, victim=v)}) for p in ITERATION
       for w, v in ((0.01, "last_admitted"), (0.0, "fewest_decoded"), (0.3, "fewest_decoded"))],
     ("chunked_prefill", {"policy": dict(POLICIES["chunked_prefill"], watermark=0.05, admission="sequence")}),
+    # steps planned ahead (vLLM async scheduling, SGLang/TensorRT-LLM overlap): arrivals and freed KV a plan late
+    *[(p, {"policy": dict(POLICIES[p], schedule_ahead=True, admission=a)}) for p in ITERATION
+      for a in ("step", "completion")],
+    ("chunked_prefill", {"replicas": 3, "router": "least_kv", "horizon_s": 9.0, "max_queue_len": 5,
+                         "policy": dict(POLICIES["chunked_prefill"], schedule_ahead=True, admission="remaining")}),
 ]
 
 
@@ -169,11 +174,11 @@ _SPECS = st.one_of(
     st.builds(lambda s, t, m: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t,
                                "order": "shortest_prompt_first"},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"])),
-    st.builds(lambda s, t, m, a, w, v: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
-                                        "watermark": w, "victim": v},
+    st.builds(lambda s, t, m, a, w, v, h: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
+                                           "watermark": w, "victim": v, "schedule_ahead": h},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"]),
               st.sampled_from(["step", "sequence", "completion", "remaining"]), st.sampled_from([0.0, 0.01, 0.1, 0.5]),
-              st.sampled_from(["last_admitted", "fewest_decoded"])),
+              st.sampled_from(["last_admitted", "fewest_decoded"]), st.booleans()),
     st.builds(lambda b, t, c: {"name": "static", "max_batch_size": b, "timeout_s": t, "complete_at": c},
               st.integers(1, 6), st.sampled_from([0.0, 0.3]), st.sampled_from(["batch_end", "own_token"])),
 )

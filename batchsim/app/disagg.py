@@ -199,7 +199,7 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     stalled = cluster.stalled()
     if stalled:
         first = made["decode"][0].index
-        stuck = sum(len(r.waiting) + len(r.running) for r in made["decode"] if r.index in stalled)
+        stuck = sum(r.queued + len(r.running) for r in made["decode"] if r.index in stalled)
         # (with at_arrival, requests paired with a stalled replica that never got its blocks)
         unpaired = sum(len(cluster.alloc[i - first]) for i in stalled) if d.pairing == "at_arrival" else 0
         how = (f"{livelock}, and the run stopped at {env.now:.6g} s" if livelock is not None else

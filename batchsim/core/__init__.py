@@ -78,7 +78,8 @@ class CoreRecipe(ctypes.Structure):
                 ("order", ctypes.c_int64), ("victim", ctypes.c_int64), ("max_num_seqs", ctypes.c_int64),
                 ("max_num_batched_tokens", ctypes.c_int64), ("n_pref", ctypes.c_int64),
                 ("pref", ctypes.c_int64 * _MAX_PREF), ("max_queue_delay_s", ctypes.c_double),
-                ("batch_end", ctypes.c_int64), ("admission", ctypes.c_int64), ("watermark", ctypes.c_double)]
+                ("batch_end", ctypes.c_int64), ("admission", ctypes.c_int64), ("watermark", ctypes.c_double),
+                ("schedule_ahead", ctypes.c_int64)]
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
 _COMPLETED, _REJECTED = 1, 2
@@ -340,6 +341,7 @@ def recipe_struct(recipe) -> CoreRecipe | str:
     rc.n_moves, rc.order, rc.victim = len(recipe.moves), _ORDERS[recipe.order], _VICTIMS[recipe.victim]
     rc.admission = _ADMISSIONS[recipe.admission]
     rc.watermark = float(recipe.watermark)
+    rc.schedule_ahead = int(recipe.schedule_ahead)
     rc.max_num_seqs, rc.max_num_batched_tokens = recipe.max_num_seqs, recipe.max_num_batched_tokens
     return rc
 

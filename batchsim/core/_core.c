@@ -67,6 +67,7 @@ typedef struct {
     int64_t batch_end;               /* complete_at == batch_end */
     int64_t admission;               /* ADM_* */
     double watermark;                /* IterationRecipe.watermark: fraction of blocks an admission leaves free */
+    int64_t schedule_ahead;          /* IterationRecipe.schedule_ahead: its plans are made ahead */
 } core_recipe_t;
 
 /* The cost model's pricing table (batchsim/calibrate/pricing.py), as batchsim/core/__init__.py's CoreCost hands it over. */
@@ -202,6 +203,10 @@ typedef struct {
     /* queue of waiting rids: a ring buffer */
     int64_t *wq;
     int64_t wcap, whead, wlen;
+    int64_t hidden;  /* Replica.inbox: the queue's last `hidden` arrived while a step planned ahead ran */
+    int ahead;       /* Replica._ahead: a step planned ahead is running */
+    int64_t *dfr;    /* Replica._deferred: finished in such a step, KV freed after the next plan */
+    int64_t ndfr;
     /* running rids in admission order */
     int64_t *run;
     int64_t nrun;
@@ -457,6 +462,9 @@ static event_t heap_pop(core_t *s) {
 /* ------------------------------------------------------------ the queue --- */
 static int64_t wq_at(replica_t *r, int64_t i) { return r->wq[(r->whead + i) & (r->wcap - 1)]; }
 
+/* the part of the queue the policy sees (Replica.waiting; the inbox is the rest) */
+static int64_t wq_seen(replica_t *r) { return r->wlen - r->hidden; }
+
 static void wq_push_back(replica_t *r, int64_t rid) {
     r->wq[(r->whead + r->wlen) & (r->wcap - 1)] = rid;
     r->wlen++;
@@ -520,7 +528,7 @@ static int cmp_i64(const void *a, const void *b) {
  * others by prompt length, ties by queue position (a stable sort); into r->cand. */
 static void order_sfp(core_t *s, replica_t *r) {
     int64_t k = 0, m = 0;
-    for (int64_t i = 0; i < r->wlen; i++) {
+    for (int64_t i = 0; i < wq_seen(r); i++) {
         int64_t rid = wq_at(r, i);
         if (s->num_preempt[rid] > 0) r->cand[k++] = rid;
         else r->keys[m++] = (s->prompt[rid] << 40) | i;  /* (prompts < 2^20, positions < 2^40) */
@@ -562,7 +570,7 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         }
     }
     if (s->sfp) order_sfp(s, r);
-    for (int64_t i = 0; i < r->wlen; i++) {
+    for (int64_t i = 0; i < wq_seen(r); i++) {
         int64_t rid = s->sfp ? r->cand[i] : wq_at(r, i);
         int64_t pending = s->num_tokens[rid] - s->num_computed[rid];
         if (!chunked && pending > s->cap) {
@@ -690,7 +698,7 @@ static int schedule_partial_prefills(core_t *s, replica_t *r, builder_t *b) {
 
 /* batchsim/policies/padded.py launch_size: the PaddedRecipe's launch rule */
 static int64_t launch_size(core_t *s, replica_t *r, int *has_until, double *until) {
-    int64_t n = r->wlen, B = s->max_seqs;
+    int64_t n = wq_seen(r), B = s->max_seqs;
     *has_until = 0;
     if (n == 0) return 0;
     if (n >= B) return B;
@@ -712,7 +720,7 @@ static void padded_launch(core_t *s, replica_t *r, int64_t free) {
     double until = 0.0;
     int64_t n = launch_size(s, r, &has_until, &until);
     int64_t k = 0, longest = 0, target = 0;
-    if (n > r->wlen) n = r->wlen;
+    if (n > wq_seen(r)) n = wq_seen(r);
     {
         int64_t mp = 0, mo = 0;
         for (int64_t j = 1; j <= n; j++) {
@@ -1222,7 +1230,8 @@ static void advance_and_record(core_t *s, replica_t *r, int ri) {
             int64_t rid = r->run[i];
             if (s->finished[rid]) {
                 s->running[rid] = 0;
-                kv_free(s, r, rid);
+                if (s->rc.schedule_ahead) r->dfr[r->ndfr++] = rid;  /* (the next step was planned with its KV held) */
+                else kv_free(s, r, rid);
             } else {
                 r->run[k++] = rid;
             }
@@ -1265,9 +1274,17 @@ static int replica_loop(core_t *s, int ri) {
             plan(s, r);
             int err = apply_admission(s, r);
             if (err) return err;
+            /* Replica._free_deferred */
+            int freed = r->ndfr > 0;
+            for (int64_t j = 0; j < r->ndfr; j++) kv_free(s, r, r->dfr[j]);
+            r->ndfr = 0;
             if (!r->nrows) {
                 if (r->nrel || r->nrej || r->npre) {
                     if (++r->admin_only > 100000) return CORE_ERR_ADMIN;
+                    continue;
+                }
+                if (freed || r->hidden) {  /* nothing planned: the host takes them now, plans again */
+                    r->hidden = 0;
                     continue;
                 }
                 /* Replica._idle: AnyOf(wake[, timeout(idle_until - now)]) */
@@ -1284,6 +1301,10 @@ static int replica_loop(core_t *s, int ri) {
             err = grow_and_shape(s, r);
             if (err) return err;
             r->start = s->now;
+            if (s->rc.schedule_ahead) {  /* the next step is planned from what has arrived so far */
+                r->hidden = 0;
+                r->ahead = 1;
+            }
             r->phase = PH_PRICE;
         }
         if (r->phase == PH_PRICE) {
@@ -1302,6 +1323,7 @@ static int replica_loop(core_t *s, int ri) {
 
 static int step_done(core_t *s, int ri) {
     replica_t *r = &s->reps[ri];
+    r->ahead = 0;
     advance_and_record(s, r, ri);
     r->phase = PH_SCHEDULE;
     return replica_loop(s, ri);
@@ -1356,6 +1378,7 @@ static void deliver(core_t *s, int64_t rid) {
         return;
     }
     wq_push_back(r, rid);
+    if (r->ahead) r->hidden++;  /* (into the inbox) */
     r->outstanding++;
     if (r->phase == PH_IDLE && !r->wake_triggered) {
         /* (also after a deadline made the spell's condition succeed, before the replica resumed:
@@ -1388,7 +1411,7 @@ void core_free(core_t *s) {
         for (int64_t i = 0; i < s->n_rep; i++) {
             replica_t *r = &s->reps[i];
             free(r->wq); free(r->run); free(r->rows_rid); free(r->rows_q); free(r->scratch);
-            free(r->pre); free(r->rej); free(r->rel); free(r->cand); free(r->keys); free(r->pad_q); free(r->pad_kv); free(r->pad_s); free(r->firsts);
+            free(r->pre); free(r->rej); free(r->rel); free(r->cand); free(r->keys); free(r->pad_q); free(r->pad_kv); free(r->pad_s); free(r->firsts); free(r->dfr);
         }
         free(s->reps);
     }
@@ -1549,8 +1572,9 @@ core_t *core_new(const core_params_t *pa, const core_recipe_t *recipe, const cor
         r->pad_kv = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->pad_s = (int64_t *)malloc(sizeof(int64_t) * rc);
         r->firsts = (int64_t *)malloc(sizeof(int64_t) * rc);
+        r->dfr = (int64_t *)malloc(sizeof(int64_t) * rc);
         if (!r->wq || !r->run || !r->rows_rid || !r->rows_q || !r->scratch || !r->pre || !r->rej || !r->rel
-            || !r->pad_q || !r->pad_kv || !r->pad_s || !r->firsts) {
+            || !r->pad_q || !r->pad_kv || !r->pad_s || !r->firsts || !r->dfr) {
             core_free(s);
             return NULL;
         }
@@ -1631,7 +1655,7 @@ static const char CORE_RULES[] =
     "batchsim.policies.padded.launch_size 053c8f9dfc21\n"
     "batchsim.policies.padded.reserve_tokens 91b498b574bd\n"
     "batchsim.policies.padded.run_padded 301f2dacef6d\n"
-    "batchsim.policies.recipe.IterationRecipe.__post_init__ b79d24f42ace\n"
+    "batchsim.policies.recipe.IterationRecipe.__post_init__ 7fc27f344335\n"
     "batchsim.policies.recipe.Move.__post_init__ 77a804de13dc\n"
     "batchsim.policies.recipe.PaddedRecipe.__post_init__ fede5fb47de3\n"
     "batchsim.policies.recipe._one_of 4807f029c567\n"
@@ -1641,7 +1665,7 @@ static const char CORE_RULES[] =
     "batchsim.policies.rules.RecipePolicy.schedule 2c354dc0661b\n"
     "batchsim.policies.rules.interpret 3a8b138511a5\n"
     "batchsim.policies.step.IterationConfig._budget_covers_decodes b4f4625fe70b\n"
-    "batchsim.policies.step.IterationConfig.recipe ee43759897f3\n"
+    "batchsim.policies.step.IterationConfig.recipe e58f2875eade\n"
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
     "batchsim.policies.step.StepBuilder.__init__ 9907656ac44b\n"
@@ -1651,33 +1675,36 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
     "batchsim.policies.step.StepBuilder._whole 1ce602732704\n"
     "batchsim.policies.step.StepBuilder.admit 96d3be821297\n"
-    "batchsim.policies.step.StepBuilder.plan ad355400bb5c\n"
+    "batchsim.policies.step.StepBuilder.plan 5d02a8ce2f41\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 7979d6ed5e0e\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
     "batchsim.policies.step.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
     "batchsim.policies.step.over_watermark c8364d4bb38a\n"
-    "batchsim.policies.step.run_iteration dcb47092615b\n"
+    "batchsim.policies.step.run_iteration 4e9232f6b393\n"
     "batchsim.sim.engine.Cluster.__init__ 6dd05058d515\n"
     "batchsim.sim.engine.Cluster._arrivals a884ce4b6c0b\n"
     "batchsim.sim.engine.Cluster._client b640776e8788\n"
     "batchsim.sim.engine.Cluster._end 2fedc2ec967d\n"
-    "batchsim.sim.engine.Cluster._send ea9b02fecb90\n"
-    "batchsim.sim.engine.Replica.__init__ 3939da020cab\n"
+    "batchsim.sim.engine.Cluster._send 946234429161\n"
+    "batchsim.sim.engine.Replica.__init__ e653bf541f49\n"
     "batchsim.sim.engine.Replica._admit d8cec4172862\n"
-    "batchsim.sim.engine.Replica._advance 43c535a681f1\n"
+    "batchsim.sim.engine.Replica._advance d3c5015d3955\n"
     "batchsim.sim.engine.Replica._check_names 7e4e20bd1ce3\n"
+    "batchsim.sim.engine.Replica._free_deferred b53953a84a55\n"
     "batchsim.sim.engine.Replica._grow_and_shape cc754fc57070\n"
     "batchsim.sim.engine.Replica._idle f5ada59026bc\n"
     "batchsim.sim.engine.Replica._let_go dada3ee995ca\n"
-    "batchsim.sim.engine.Replica._loop 0e4e47eb6ae9\n"
+    "batchsim.sim.engine.Replica._loop 21f2908de765\n"
     "batchsim.sim.engine.Replica._peek f05a35a4f760\n"
-    "batchsim.sim.engine.Replica._record 2fe2cc00c58f\n"
+    "batchsim.sim.engine.Replica._record 52abaad18375\n"
     "batchsim.sim.engine.Replica._take_from_waiting 7868674d9ab0\n"
+    "batchsim.sim.engine.Replica._take_inbox 45358eb3dfef\n"
     "batchsim.sim.engine.Replica._wake_up f286c8ec44b9\n"
-    "batchsim.sim.engine.Replica.enqueue fc6dad15cf33\n"
+    "batchsim.sim.engine.Replica.enqueue e28b6d19c46d\n"
     "batchsim.sim.engine.Replica.price 2975229b1248\n"
+    "batchsim.sim.engine.Replica.queued.get 3e3519e632c1\n"
     "batchsim.sim.engine.Replica.refusal 1f9451575148\n"
     "batchsim.sim.engine.Replica.reject 00cb549acc0f\n"
     "batchsim.sim.engine.Replica.release_kv 2c73f7840ffa\n"
@@ -1706,12 +1733,12 @@ static const char CORE_RULES[] =
     "batchsim.sim.kv.PagedKVCache.used_blocks.get a1c43f54f0fe\n"
     "batchsim.sim.kv.blocks_for_tokens a852f7969700\n"
     "batchsim.sim.router.ROUTERS[cache_aware] 58dbb80dbe69\n"
-    "batchsim.sim.router.ROUTERS[least_kv] 95cee75a8018\n"
+    "batchsim.sim.router.ROUTERS[least_kv] d6439e166556\n"
     "batchsim.sim.router.ROUTERS[least_outstanding] de76340b3497\n"
     "batchsim.sim.router.ROUTERS[power_of_two] fa9a65daf992\n"
     "batchsim.sim.router.ROUTERS[round_robin] 5d39de898559\n"
     "batchsim.sim.router._cache_aware 58dbb80dbe69\n"
-    "batchsim.sim.router._least_kv 95cee75a8018\n"
+    "batchsim.sim.router._least_kv d6439e166556\n"
     "batchsim.sim.router._least_outstanding de76340b3497\n"
     "batchsim.sim.router._load d7636f60a3bf\n"
     "batchsim.sim.router._power_of_two fa9a65daf992\n"
@@ -1886,15 +1913,15 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.base 3ab778e584ef\n"
     "file:batchsim.policies.ordering 71898a807d46\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe a71a91261d02\n"
+    "file:batchsim.policies.recipe cd4800f6dc2a\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step a6dd2376d1b5\n"
-    "file:batchsim.sim.engine 8889058b06ee\n"
+    "file:batchsim.policies.step 4de18f6fa969\n"
+    "file:batchsim.sim.engine 320eb5b74c67\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"
-    "file:batchsim.sim.router c20c6f18c6c2\n"
+    "file:batchsim.sim.router c8d4b350074a\n"
     "file:batchsim.sim.state 3d3da7e3b7af\n"
-    "file:batchsim.sim.types 4f549132c61f\n";
+    "file:batchsim.sim.types 5c0885bd2263\n";
 /* END RULES FINGERPRINT */
 
 /* Which source this library was built from (batchsim/core/build.py source_key). */

@@ -66,6 +66,12 @@ already holds KV (a transfer's, on a disaggregated decode pool).
                        ``retract_decode``, ``retraction_policy='length'``)
 =====================  ==========================================================
 
+With ``schedule_ahead`` the replica plans each step while the one before it
+runs, as vLLM's async scheduling and SGLang's and TensorRT-LLM's overlap
+schedulers do (the plans say ``ahead``; batchsim.sim.types.BatchPlan): a request
+that reaches the replica during a step joins the step after next, and the KV a
+step's finished sequences free is seen by the plan after next too.
+
 Each move appears at most once, and a recipe admits whole prompts or chunks,
 not both: the moves then take disjoint sets of sequences.
 
@@ -135,6 +141,7 @@ class IterationRecipe:
     victim: Victim = "last_admitted"
     admission: Admission = "step"
     watermark: float = 0.0
+    schedule_ahead: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.moves, tuple) or not all(isinstance(m, Move) for m in self.moves):
@@ -154,6 +161,8 @@ class IterationRecipe:
         w = self.watermark
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < 1:
             raise ValueError(f"watermark must be a fraction >= 0 and < 1, got {w!r}")
+        if not isinstance(self.schedule_ahead, bool):
+            raise ValueError(f"schedule_ahead must be true or false, got {self.schedule_ahead!r}")
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,10 @@ class IterationConfig(PolicyConfig):
         "last_admitted", description="Which running sequence is preempted when one cannot grow: "
                                      "'last_admitted' (vLLM), 'fewest_decoded' (fewest generated tokens, "
                                      "longest prompt on ties; SGLang retraction_policy='length').")
+    schedule_ahead: bool = Field(
+        False, description="Plan each step while the one before it runs (vLLM async scheduling, SGLang and "
+                           "TensorRT-LLM overlap schedulers): a request arriving during a step joins the "
+                           "step after next, and KV freed by a step is seen one plan later.")
     enable_prefix_caching: bool = Field(
         False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
                            "--enable-prefix-caching); needs prefix hashes in the workload.")
@@ -85,7 +89,8 @@ class IterationConfig(PolicyConfig):
         """The recipe of these limits and rules with the policy's ``moves``."""
         return IterationRecipe(moves=moves, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens, order=self.order,
-                               admission=self.admission, victim=self.victim, watermark=self.watermark)
+                               admission=self.admission, victim=self.victim, watermark=self.watermark,
+                               schedule_ahead=self.schedule_ahead)
 
     @field_validator("max_num_batched_tokens")
     @classmethod
@@ -116,7 +121,7 @@ def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
                 stalled = True
         else:
             step.admit(QUEUE_ORDERS[recipe.order](view.waiting), chunked=kind == "admit_chunks")
-    return step.plan()
+    return step.plan(recipe.schedule_ahead)
 
 
 class StepBuilder:
@@ -284,8 +289,8 @@ class StepBuilder:
                 self.reserve[seq.rid] = hold
             self.slots -= 1
 
-    def plan(self) -> BatchPlan:
-        """The step as a value; victims listed in admission order.
+    def plan(self, ahead: bool = False) -> BatchPlan:
+        """The step as a value (planned ahead or not); victims listed in admission order.
 
         The engine puts preempted sequences at the front of the queue in plan
         order, so listing them oldest first restores their admission order
@@ -296,4 +301,4 @@ class StepBuilder:
             rank = {s.rid: i for i, s in enumerate(self.live)}
             preempt = tuple(sorted(self.preempted, key=rank.__getitem__))
         return BatchPlan(num_tokens=self.num_tokens, preempt=preempt, release=tuple(self.release),
-                         reject=self.reject, reserve=self.reserve)
+                         reject=self.reject, reserve=self.reserve, ahead=ahead)

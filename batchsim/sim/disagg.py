@@ -137,19 +137,6 @@ class KVLink:
         return start, done + spec.latency_s
 
 
-class _Backlog:
-    """What a router reads of a queue it cannot see whole: its length (a replica's waiting queue and
-    the requests routed to it that wait in front of it)."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-
 class _RouterView:
     """A replica as its pool's router sees it: its load counts the requests routed to it that are not
     in its own queue yet (``inbound``: a decode replica's on their way, waiting for blocks or on the
@@ -171,10 +158,8 @@ class _RouterView:
         return self.replica.kv
 
     @property
-    def waiting(self):
-        if self.backlog is None:
-            return self.replica.waiting
-        return _Backlog(len(self.replica.waiting) + len(self.backlog))
+    def queued(self) -> int:
+        return self.replica.queued + (len(self.backlog) if self.backlog is not None else 0)
 
 
 class DisaggCluster(Cluster):
@@ -243,7 +228,7 @@ class DisaggCluster(Cluster):
         if why is not None:
             return self._refuse(seq, replica, why)
         # (at_arrival: the requests in its bootstrap queue wait there too)
-        queued = len(replica.waiting) + (views[pos].inbound if views is not None else 0)
+        queued = replica.queued + (views[pos].inbound if views is not None else 0)
         if self.max_queue_len is not None and queued >= self.max_queue_len:
             return self._refuse(seq, replica, queue_full(self.max_queue_len))
         self.seq[rid] = seq
@@ -357,7 +342,7 @@ class DisaggCluster(Cluster):
         has its blocks enters its prefill replica's queue."""
         kv, now, reserve = replica.kv, self.env.now, self.reserved_tokens
         allocatable = (kv.free_blocks * kv.block_size
-                       - reserve * (len(replica.running) + len(replica.waiting) + self.bound[pos]))
+                       - reserve * (len(replica.running) + replica.queued + self.bound[pos]))
         while queue:
             seq, src, hold, _, sent = queue[0]
             need = kv.blocks_needed(seq, hold)

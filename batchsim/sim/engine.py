@@ -66,6 +66,11 @@ class Replica:
         self.max_model_len = max_model_len
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
+        # (a plan ``ahead``: requests that reached the replica while its step ran, seen from the step
+        # after, and the sequences that step finished, whose KV is freed once the next plan is applied)
+        self.inbox: deque[Seq] = deque()
+        self._deferred: list[Seq] = []
+        self._ahead = False  # a step planned ahead is running
         self.seqs: dict[int, Seq] = {}
         self.steps, self.itl = steps, itl
         self.view = _View(env, self.waiting, self.running, kv, max_model_len)
@@ -85,6 +90,12 @@ class Replica:
         self.process = env.process(self._loop())
 
     # -- arrivals -------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        """Requests waiting at this replica, seen by its policy or not yet (what routers and
+        queue limits count)."""
+        return len(self.waiting) + len(self.inbox)
+
     def enqueue(self, seq: Seq) -> None:
         """Accept a routed request (or reject one that can never fit)."""
         seq.replica = self.index
@@ -92,7 +103,7 @@ class Replica:
         if why is not None:
             return self.reject(seq, why)
         self.seqs[seq.rid] = seq
-        self.waiting.append(seq)
+        (self.inbox if self._ahead else self.waiting).append(seq)
         self.outstanding += 1
         self._wake_up()
 
@@ -141,6 +152,7 @@ class Replica:
                 raise PolicyError(f"{self.policy.name}: schedule() returned {type(plan).__name__}; "
                                   "expected a batchsim.sim.types.BatchPlan")
             preempted = self._admit(plan)
+            freed = self._free_deferred()
             if not plan.num_tokens:
                 if plan.release or plan.reject or plan.preempt:
                     # The plan changed state without a step: ask again now.
@@ -150,18 +162,46 @@ class Replica:
                     if admin_only > 100_000:
                         raise PolicyError(f"{self.policy.name}: no step after 100000 plans")
                     continue
+                if freed or self.inbox:
+                    # Nothing planned, and the last step's arrivals or freed KV not yet seen: with no
+                    # step running, the host takes them now and plans again.
+                    self._take_inbox()
+                    if self.after_plan is not None:
+                        self.after_plan(self)
+                    continue
                 yield from self._idle(plan)
                 continue
             admin_only = 0
             shape, useful = self._grow_and_shape(plan)
             start = self.step_start = env.now
+            if plan.ahead:
+                # The next step is planned now, from what has reached the replica so far; what
+                # arrives while this one runs waits in the inbox until this moment comes again.
+                self._take_inbox()
+                self._ahead = True
             cost = self.price(plan, shape)
             useful_flops = self.cost.price(useful).flops if useful is not None else cost.flops
             yield env.timeout(cost.seconds)
+            self._ahead = False
             self._advance(plan, (useful if useful is not None else shape).sampled)
             self._record(plan, shape, cost, useful_flops, start, preempted)
             if self.after_plan is not None:
                 self.after_plan(self)
+
+    def _take_inbox(self) -> None:
+        if self.inbox:
+            self.waiting.extend(self.inbox)
+            self.inbox.clear()
+
+    def _free_deferred(self) -> bool:
+        """Free the KV of the sequences the last step (planned ahead) finished: the plan just applied
+        was made without it. True if there were any."""
+        if not self._deferred:
+            return False
+        for seq in self._deferred:
+            self.kv.free(seq.rid)
+        self._deferred.clear()
+        return True
 
     def price(self, plan: BatchPlan, shape: StepShape):
         """What the step costs. The reference executor (batchsim.calibrate.executor)
@@ -352,7 +392,10 @@ class Replica:
         for seq in done:
             seq.is_running = False
             self.running.remove(seq)
-            self._let_go(seq)
+            if plan.ahead and self.handoff is None:
+                self._deferred.append(seq)  # (the next step was planned with its KV held)
+            else:
+                self._let_go(seq)
             del seqs[seq.rid]
         self.outstanding -= len(done)
 
@@ -366,7 +409,7 @@ class Replica:
             self.index, start, self.env.now, len(plan.num_tokens), shape.num_rows,
             prefill, decode, padding, cost.flops, useful_flops,
             cost.bytes, cost.compute_s, cost.memory_s, cost.network_s, cost.overhead_s,
-            cost.out_of_range, self.kv.used_blocks, len(self.waiting), len(self.running), preempted,
+            cost.out_of_range, self.kv.used_blocks, self.queued, len(self.running), preempted,
         )
 
 
@@ -410,7 +453,7 @@ class Cluster:
         seq = Seq(rid, t, self._prompt[rid], self._output[rid], hashes[rid] if hashes is not None else None)
         self.requests.append(seq)
         replica = self.replicas[self.route(self.replicas, seq)]
-        if self.max_queue_len is not None and len(replica.waiting) >= self.max_queue_len:
+        if self.max_queue_len is not None and replica.queued >= self.max_queue_len:
             seq.replica = replica.index
             replica.reject(seq, queue_full(self.max_queue_len))
             return seq

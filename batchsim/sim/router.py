@@ -86,7 +86,7 @@ def _cache_aware(_rng: np.random.Generator) -> Route:
 def _least_kv(_rng: np.random.Generator) -> Route:
     def route(replicas, seq) -> int:
         return min(replicas, key=lambda r: (r.kv.used_blocks / r.kv.total_blocks,
-                                            len(r.waiting), r.index)).index
+                                            r.queued, r.index)).index
 
     return route
 

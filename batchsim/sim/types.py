@@ -110,6 +110,11 @@ class BatchPlan:
     - ``idle_until``: when the plan schedules nothing, wake at this time at the
       latest (an arrival wakes the replica earlier); ``None`` waits for the
       next arrival.
+    - ``ahead``: the replica plans the step after this one while this one runs
+      (vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap schedulers):
+      requests that reach the replica during the step, and the KV its finished
+      sequences free, are seen by the plan after next, not the next one. With
+      nothing planned, the replica takes both at once and plans again.
     """
 
     num_tokens: Mapping[int, int] = field(default_factory=dict)
@@ -122,6 +127,7 @@ class BatchPlan:
     complete_on_release: bool = False
     reject: Mapping[int, str] = field(default_factory=dict)
     idle_until: float | None = None
+    ahead: bool = False
 
     @property
     def total_tokens(self) -> int:
