@@ -579,12 +579,13 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
             s->reason_val[rid] = pending;
             continue;
         }
+        int64_t whole = whole_tokens(s, rid);  /* what the rule asks the KV to hold */
         int64_t keep = s->held[rid] ? 0 : r->keep;  /* (KV that arrived by transfer is not allocated here) */
-        if (keep && need_blocks(s, rid, whole_tokens(s, rid)) > r->total_blocks - keep) {
+        if (keep && need_blocks(s, rid, whole) > r->total_blocks - keep) {
             /* vLLM V0 can_allocate's NEVER: it could never leave the watermark free */
             r->rej[r->nrej++] = rid;
             s->reason[rid] = RS_WATERMARK;
-            s->reason_val[rid] = whole_tokens(s, rid);
+            s->reason_val[rid] = whole;
             continue;
         }
         if (b->slots < 1 || b->budget < 1) return;
@@ -592,9 +593,9 @@ static void admit(core_t *s, replica_t *r, builder_t *b, int chunked) {
         if (q > b->budget) return;
         /* the recipe's admission rule: this step's tokens, the whole known sequence, or prompt + max_tokens held;
          * each leaving the watermark's blocks free */
-        if ((adm == ADM_SEQUENCE || adm == ADM_REMAINING) && need_blocks(s, rid, whole_tokens(s, rid)) + promised + keep > b->free)
+        if ((adm == ADM_SEQUENCE || adm == ADM_REMAINING) && need_blocks(s, rid, whole) + promised + keep > b->free)
             return;
-        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? whole_tokens(s, rid) : 0, keep)) return;
+        if (!try_sched(s, r, b, rid, q, adm == ADM_COMPLETION ? whole : 0, keep)) return;
         if (adm == ADM_REMAINING) promised += future_blocks(s, rid, q);
         b->slots -= 1;
     }
@@ -1674,7 +1675,7 @@ static const char CORE_RULES[] =
     "batchsim.policies.step.StepBuilder._try 118c75d640ce\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
     "batchsim.policies.step.StepBuilder._whole 1ce602732704\n"
-    "batchsim.policies.step.StepBuilder.admit 96d3be821297\n"
+    "batchsim.policies.step.StepBuilder.admit 750b7109e1b3\n"
     "batchsim.policies.step.StepBuilder.plan 5d02a8ce2f41\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 7979d6ed5e0e\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
@@ -1915,7 +1916,7 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.padded c5589f2000ce\n"
     "file:batchsim.policies.recipe cd4800f6dc2a\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step 4de18f6fa969\n"
+    "file:batchsim.policies.step 9656a29fde54\n"
     "file:batchsim.sim.engine 320eb5b74c67\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"

@@ -264,9 +264,9 @@ class StepBuilder:
             if not chunked and seq.pending > self.cap:
                 self.reject[seq.rid] = over_budget(seq.pending, self.cap)
                 continue
+            tokens = self._whole(seq)  # (what the rule asks the KV to hold)
             spare = keep if keep and not kv.blocks_held(seq) else 0  # (KV that arrived by transfer: not allocated here)
             if spare:
-                tokens = self._whole(seq)
                 whole = kv.blocks_needed(seq, tokens)
                 if whole > kv.total_blocks - spare:
                     self.reject[seq.rid] = over_watermark(tokens, whole, kv.total_blocks, spare)
@@ -278,9 +278,9 @@ class StepBuilder:
                 return
             # 'sequence' and 'remaining' check what the rule holds (after the running sequences'
             # remaining output, with 'remaining'); 'completion' allocates it; 'step' this step's tokens
-            if rule in ("sequence", "remaining") and kv.blocks_needed(seq, self._whole(seq)) + promised + spare > self.free:
+            if rule in ("sequence", "remaining") and kv.blocks_needed(seq, tokens) + promised + spare > self.free:
                 return
-            hold = self._whole(seq) if rule == "completion" else 0
+            hold = tokens if rule == "completion" else 0
             if not self._try(seq, q, hold, spare):
                 return
             if rule == "remaining":
