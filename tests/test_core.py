@@ -61,6 +61,15 @@ def _assert_same(out) -> None:
     assert r_c.engine["steps"] == r_py.engine["steps"]
 
 
+GRAPHS = {
+    "vllm": {"decode_sizes": [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)],
+             "step_sizes": [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]},
+    "sglang": {"decode_sizes": [1, 2, 4, 8, 12, *range(16, 257, 8)],
+               "step_sizes": [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+                              *range(1280, 4097, 256)], "step_max_padding": 2},
+    "v0": {"decode_sizes": [1, 2, 4, *range(8, 257, 8)], "decode_max_context": 3000},
+}
+
 CASES = [(p, {}) for p in ALL] + [
     ("continuous", {"replicas": 3, "router": "least_kv"}),
     ("continuous", {"replicas": 3, "router": "least_outstanding"}),
@@ -94,6 +103,12 @@ CASES = [(p, {}) for p in ALL] + [
       for a in ("step", "completion")],
     ("chunked_prefill", {"replicas": 3, "router": "least_kv", "horizon_s": 9.0, "max_queue_len": 5,
                          "policy": dict(POLICIES["chunked_prefill"], schedule_ahead=True, admission="remaining")}),
+    # CUDA-graph padding: vLLM V1's sizes for every step, SGLang's decode and prefill sizes with the 2x limit,
+    # vLLM V0's decode-only graphs with a context limit some rows pass
+    *[(p, {"policy": dict(POLICIES[p], cuda_graphs=GRAPHS["vllm"])}) for p in ITERATION],
+    ("chunked_prefill", {"replicas": 2, "router": "least_kv", "tensor_parallel_size": 2,
+                         "policy": dict(POLICIES["chunked_prefill"], cuda_graphs=GRAPHS["sglang"], schedule_ahead=True)}),
+    ("continuous", {"policy": dict(POLICIES["continuous"], cuda_graphs=GRAPHS["v0"])}),
 ]
 
 
@@ -104,6 +119,9 @@ def test_core_and_python_write_identical_outputs(policy, extra, tmp_path):
     _assert_same(out)
     if not extra and policy in ("continuous", "chunked_prefill"):
         assert out["core"][1].summary["preemptions"] > 0  # KV pressure was real
+    if "cuda_graphs" in spec:
+        steps = out["core"][1].steps
+        assert (steps["flops"] > steps["useful_flops"]).any()  # some steps ran padded to a capture size
 
 
 @pytest.mark.parametrize("policy", ALL)
@@ -174,11 +192,14 @@ _SPECS = st.one_of(
     st.builds(lambda s, t, m: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t,
                                "order": "shortest_prompt_first"},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"])),
-    st.builds(lambda s, t, m, a, w, v, h: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
-                                           "watermark": w, "victim": v, "schedule_ahead": h},
+    st.builds(lambda s, t, m, a, w, v, h, g: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
+                                              "watermark": w, "victim": v, "schedule_ahead": h, "cuda_graphs": g},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"]),
               st.sampled_from(["step", "sequence", "completion", "remaining"]), st.sampled_from([0.0, 0.01, 0.1, 0.5]),
-              st.sampled_from(["last_admitted", "fewest_decoded"]), st.booleans()),
+              st.sampled_from(["last_admitted", "fewest_decoded"]), st.booleans(),
+              st.sampled_from([None, GRAPHS["vllm"], GRAPHS["sglang"], GRAPHS["v0"],
+                               {"decode_sizes": [2, 5], "step_sizes": [3, 50, 51, 300], "step_max_padding": 1.5,
+                                "decode_max_context": 40}])),
     st.builds(lambda b, t, c: {"name": "static", "max_batch_size": b, "timeout_s": t, "complete_at": c},
               st.integers(1, 6), st.sampled_from([0.0, 0.3]), st.sampled_from(["batch_end", "own_token"])),
 )

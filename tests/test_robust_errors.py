@@ -167,7 +167,7 @@ def test_bad_set_overrides(tmp_path, override, expected):
     ({"name": "continuous", "max_batch_size": 8},
      "policy.max_batch_size: unknown knob for policy 'continuous' (got 8); expected one of block_size, "
      "gpu_memory_utilization, gpu_memory_utilization_of, max_model_len, max_num_seqs, max_num_batched_tokens, order, "
-     "admission, watermark, victim, schedule_ahead, enable_prefix_caching, "
+     "admission, watermark, victim, schedule_ahead, cuda_graphs, enable_prefix_caching, "
      "prefill_mode"),
     ({"name": "static", "timeout_s": -1}, "policy.timeout_s: got -1; expected greater than or equal to 0"),
     ({"name": "static", "timeout_s": float("inf")}, "policy.timeout_s: got inf; expected a finite number"),

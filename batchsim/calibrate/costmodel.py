@@ -9,7 +9,8 @@ replica's time): each kernel takes
 
 with ``e_c`` / ``e_m`` read from the hardware profile's curves for the
 operator's class; all-reduces take ``latency + 2(t-1)/t * bytes / link_bw``;
-the host adds a constant plus a per-sequence cost. FLOPs and bytes are
+the host adds a constant plus a per-sequence cost. The dense operators run at
+the step's ``dense_tokens`` when it is padded to a CUDA graph's size. FLOPs and bytes are
 reported per replica (all shards) so MFU/MBU divide by per-replica peaks.
 
 ``price`` runs once per simulated step. Everything that depends only on the
@@ -246,18 +247,20 @@ class RooflineCostModel:
             kv_read = _sum(kv) if _nonzero(q) == n else _sum(kv[q > 0])
             pre_kv = int(kv_read) + T - ctx_dec
         c = self._attn
+        # the dense operators run at a CUDA graph's padded token count when the step has one
+        D = shape.dense_tokens if shape.dense_tokens > T else T
         if breakdown or c is None:
-            return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv)
-        return self._price_fast(c, n, T, n_dec, ctx_dec, pairs, pre_kv, shape.sampled)
+            return self._price_slow(shape, breakdown, T, n, n_dec, ctx_dec, pairs, pre_kv, D)
+        return self._price_fast(c, n, T, n_dec, ctx_dec, pairs, pre_kv, shape.sampled, D)
 
     def _price_fast(self, c: tuple, n: int, T: int, n_dec: int, ctx_dec: int, pairs: float, pre_kv,
-                    sampled: int) -> StepCost:
-        """:meth:`price`'s fast path from the step's reductions."""
+                    sampled: int, D: int) -> StepCost:
+        """:meth:`price`'s fast path from the step's reductions (``D``: the dense operators' tokens)."""
         (L, L4, h, dh, kv_elt, qo, peak, bw, l_launch, host0, host1, host0d,
          pre_eff, pre_mem, pre_range, pre_den, dec_eff, dec_mem, dec_range, dec_den) = c
-        hit = self._dense_cache.get((T, sampled))
+        hit = self._dense_cache.get((D, sampled))
         if hit is None:
-            hit = self._dense(T, sampled)
+            hit = self._dense(D, sampled)
         comp, mem, net, over, flops, nbytes, oor = hit
         # ShardShape.attention's Work items priced as _roofline would, prefill then decode
         for tokens, wf, wb, eff, mem_curve, rng, dens in (
@@ -284,13 +287,13 @@ class RooflineCostModel:
         return _step_cost(comp + mem + net + over, flops * t, nbytes * t, comp, mem, net, over, oor)
 
     def _price_slow(self, shape: StepShape, breakdown: bool, T: int, n: int, n_dec: int, ctx_dec: int,
-                    pairs: float, pre_kv: float) -> StepCost:
+                    pairs: float, pre_kv: float, D: int) -> StepCost:
         """:meth:`price` from the row sums, through :class:`Work` items (breakdowns, uncommon profiles)."""
         pre, dcd = self.shard.attention(T - n_dec, pairs, pre_kv, n_dec, ctx_dec)
         host = self._host[2 if n_dec else 0] + self._host[1] * n
         if breakdown:
-            return self._priced_breakdown(T, shape.sampled, pre, dcd, host)
-        comp, mem, net, over, flops, nbytes, oor = self._dense(T, shape.sampled)
+            return self._priced_breakdown(D, shape.sampled, pre, dcd, host)
+        comp, mem, net, over, flops, nbytes, oor = self._dense(D, shape.sampled)
         comp, mem, over, flops, nbytes, oor = self._fold([w for w in (pre, dcd) if w is not None],
                                                          (comp, mem, over, flops, nbytes, oor))
         over += host

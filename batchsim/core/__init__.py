@@ -68,6 +68,7 @@ _ORDERS = {"fcfs": 0, "shortest_prompt_first": 1}
 _VICTIMS = {"last_admitted": 0, "fewest_decoded": 1}
 _ADMISSIONS = {"step": 0, "sequence": 1, "completion": 2, "remaining": 3}
 _MAX_MOVES, _MAX_PREF = 16, 64
+_MAX_GRAPH = 2048  # core_recipe_t's capture-size arrays (batchsim.policies.recipe.MAX_GRAPH_SIZES)
 
 
 class CoreRecipe(ctypes.Structure):
@@ -79,7 +80,9 @@ class CoreRecipe(ctypes.Structure):
                 ("max_num_batched_tokens", ctypes.c_int64), ("n_pref", ctypes.c_int64),
                 ("pref", ctypes.c_int64 * _MAX_PREF), ("max_queue_delay_s", ctypes.c_double),
                 ("batch_end", ctypes.c_int64), ("admission", ctypes.c_int64), ("watermark", ctypes.c_double),
-                ("schedule_ahead", ctypes.c_int64)]
+                ("schedule_ahead", ctypes.c_int64), ("n_gdec", ctypes.c_int64), ("n_gstep", ctypes.c_int64),
+                ("gdec", ctypes.c_int64 * _MAX_GRAPH), ("gstep", ctypes.c_int64 * _MAX_GRAPH),
+                ("g_max_pad", ctypes.c_double), ("g_max_ctx", ctypes.c_int64)]
 _ROUTERS = {"round_robin": 0, "least_outstanding": 1, "least_kv": 2, "power_of_two": 3}
 _STATUS = (UNFINISHED, COMPLETED, REJECTED)  # by the core's status codes
 _COMPLETED, _REJECTED = 1, 2
@@ -342,6 +345,16 @@ def recipe_struct(recipe) -> CoreRecipe | str:
     rc.admission = _ADMISSIONS[recipe.admission]
     rc.watermark = float(recipe.watermark)
     rc.schedule_ahead = int(recipe.schedule_ahead)
+    g = recipe.cuda_graphs
+    if g is not None:
+        if max(len(g.decode_sizes), len(g.step_sizes)) > _MAX_GRAPH:
+            return f"more than {_MAX_GRAPH} CUDA-graph capture sizes"
+        rc.n_gdec, rc.n_gstep = len(g.decode_sizes), len(g.step_sizes)
+        for i, v in enumerate(g.decode_sizes):
+            rc.gdec[i] = v
+        for i, v in enumerate(g.step_sizes):
+            rc.gstep[i] = v
+        rc.g_max_pad, rc.g_max_ctx = float(g.step_max_padding), g.decode_max_context
     rc.max_num_seqs, rc.max_num_batched_tokens = recipe.max_num_seqs, recipe.max_num_batched_tokens
     return rc
 

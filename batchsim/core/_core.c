@@ -52,6 +52,7 @@
 #define REMAINING_CLIP 4096  /* batchsim/policies/step.py REMAINING_CLIP */
 #define MAX_MOVES 16
 #define MAX_PREF 64
+#define MAX_GRAPH 2048
 
 typedef struct {
     int64_t padded;                  /* 0: IterationRecipe, 1: PaddedRecipe */
@@ -68,6 +69,10 @@ typedef struct {
     int64_t admission;               /* ADM_* */
     double watermark;                /* IterationRecipe.watermark: fraction of blocks an admission leaves free */
     int64_t schedule_ahead;          /* IterationRecipe.schedule_ahead: its plans are made ahead */
+    int64_t n_gdec, n_gstep;         /* IterationRecipe.cuda_graphs: decode_sizes, step_sizes (0, 0: none) */
+    int64_t gdec[MAX_GRAPH], gstep[MAX_GRAPH];
+    double g_max_pad;                /* step_max_padding */
+    int64_t g_max_ctx;               /* decode_max_context */
 } core_recipe_t;
 
 /* The cost model's pricing table (batchsim/calibrate/pricing.py), as batchsim/core/__init__.py's CoreCost hands it over. */
@@ -171,6 +176,7 @@ typedef struct {
 
 typedef struct {  /* a step's shape reduced to what pricing reads (RooflineCostModel.price) */
     int64_t n, T, n_dec, ctx_dec, qkv, qq, kv_read, sampled;
+    int64_t D;  /* the dense operators' tokens (StepShape.dense_tokens, else T) */
 } sums_t;
 
 typedef struct {
@@ -921,17 +927,34 @@ static int apply_admission(core_t *s, replica_t *r) {
     return 0;
 }
 
+static int64_t graph_tokens(const core_recipe_t *g, int64_t tokens, int one_token_rows, int64_t longest) {
+    /* batchsim/policies/step.py graph_tokens: the smallest capture size >= tokens, or tokens (eager) */
+    const int64_t *sizes = one_token_rows ? g->gdec : g->gstep;
+    int64_t n = one_token_rows ? g->n_gdec : g->n_gstep;
+    if (!n || tokens > sizes[n - 1]) return tokens;
+    if (one_token_rows && g->g_max_ctx && longest > g->g_max_ctx) return tokens;
+    int64_t lo = 0, hi = n - 1;  /* bisect_left */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (sizes[mid] < tokens) lo = mid + 1; else hi = mid;
+    }
+    int64_t padded = sizes[lo];
+    if (!one_token_rows && g->g_max_pad != 0.0 && (double)padded > g->g_max_pad * (double)tokens) return tokens;
+    return padded;
+}
+
 static int grow_and_shape(core_t *s, replica_t *r) {
     /* Replica._grow_and_shape: grow each row's KV (to its reservation), then the billed and useful
      * shapes' sums (scalars, not a struct through a pointer: the loop is the hot path) */
     int64_t bT = 0, bqkv = 0, bqq = 0, bkv = 0, bnd = 0, bcd = 0, bs_ = 0;  /* billed */
     int64_t uT = 0, uqkv = 0, uqq = 0, ukv = 0, und = 0, ucd = 0, us_ = 0;  /* useful */
-    int64_t rec_decode = 0, billed = r->billed, reserve = r->reserve;
+    int64_t rec_decode = 0, billed = r->billed, reserve = r->reserve, longest = 0;
     int completion = !s->padded && s->rc.admission == ADM_COMPLETION;
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j], q = r->rows_q[j];
         int64_t c = s->num_computed[rid], total = c + q;
         if (q < 1 || total > s->num_tokens[rid]) return CORE_ERR_INTERNAL;
+        if (total > longest) longest = total;  /* (StepBuilder.longest) */
         if (reserve > total) total = reserve;
         /* admission 'completion': an admission's plan reserve (a running row already holds as much) */
         if (completion && s->prompt[rid] + s->output[rid] > total) total = s->prompt[rid] + s->output[rid];
@@ -962,6 +985,9 @@ static int grow_and_shape(core_t *s, replica_t *r) {
     b->kv_read = bkv; b->sampled = bs_;
     u->n = r->nrows; u->T = uT; u->n_dec = und; u->ctx_dec = ucd + und; u->qkv = uqkv; u->qq = uqq;
     u->kv_read = ukv; u->sampled = us_;
+    b->D = bT; u->D = uT;
+    if (!s->padded && (s->rc.n_gdec || s->rc.n_gstep) && r->nrows)  /* StepBuilder.plan's graph_tokens */
+        b->D = graph_tokens(&s->rc, uT, uT == r->nrows, longest);
     r->rec_decode = rec_decode;
     return 0;
 }
@@ -1055,19 +1081,19 @@ static void attention(core_t *s, int k, int64_t tokens, double wf, double wb, at
 
 static int price_sums(core_t *s, const sums_t *m, cost_t *out, int flops_only) {
     /* RooflineCostModel.price -> _price_fast, operation for operation */
-    int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec, key = dense_key(T, m->sampled);
+    int64_t n = m->n, T = m->T, n_dec = m->n_dec, ctx_dec = m->ctx_dec, D = m->D, key = dense_key(D, m->sampled);
     /* (an entry never changes once made: a recent copy of it is as good) */
-    dense_t *recent = dense_slot(s, T, m->sampled), *d = recent;
+    dense_t *recent = dense_slot(s, D, m->sampled), *d = recent;
     if (recent->key != key) {
         d = dense_find(s, key);
         if (d->key == -1) {
             if (!s->dense_in_c) {
-                s->need_T = T;
+                s->need_T = D;
                 s->need_s = m->sampled;
                 return CORE_NEED_DENSE;
             }
             double v[7];
-            dense_compute(s, T, m->sampled, v);
+            dense_compute(s, D, m->sampled, v);
             if (2 * (s->dense_n + 1) > s->dense_cap) {
                 if (dense_grow(s)) return CORE_ERR_NOMEM;
             }
@@ -1136,7 +1162,7 @@ static int price(core_t *s, replica_t *r) {
     cost_t c, u;
     int st = price_sums(s, &r->bill, &c, 0);
     if (st) return st;
-    if (r->npad || r->nbilled) {  /* useful_flops: the useful rows priced on their own */
+    if (r->npad || r->nbilled || r->bill.D != r->bill.T) {  /* useful_flops: the useful rows priced on their own */
         st = price_sums(s, &r->use, &u, 1);
         if (st) return st;
     } else {
@@ -1601,15 +1627,15 @@ static const char CORE_RULES[] =
     "batchsim.calibrate.costmodel.RooflineCostModel._merge aeff9b3ce4a6\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._op 0a36da40a096\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._precompute 40eb6a0e9ede\n"
-    "batchsim.calibrate.costmodel.RooflineCostModel._price_fast cc591b2beae7\n"
-    "batchsim.calibrate.costmodel.RooflineCostModel._price_slow aea6bcb0ea07\n"
+    "batchsim.calibrate.costmodel.RooflineCostModel._price_fast a54840d860b8\n"
+    "batchsim.calibrate.costmodel.RooflineCostModel._price_slow 62d247370e69\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._priced_breakdown c4d62e0d7289\n"
     "batchsim.calibrate.costmodel.RooflineCostModel._roofline b9b00c306a04\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.dense_totals 4c1c40a27807\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.gemm_seconds 871fc4f69c7b\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.kv_capacity_blocks b71e2e48ad95\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.kv_capacity_tokens 70324763b449\n"
-    "batchsim.calibrate.costmodel.RooflineCostModel.price 8df81ecb09b7\n"
+    "batchsim.calibrate.costmodel.RooflineCostModel.price ed6399918bec\n"
     "batchsim.calibrate.costmodel.RooflineCostModel.pricing_table 4fa7c0e6b22d\n"
     "batchsim.calibrate.costmodel._denominator 54f69c7d7444\n"
     "batchsim.calibrate.costmodel._make_step_cost 3e36dadb65c8\n"
@@ -1656,34 +1682,41 @@ static const char CORE_RULES[] =
     "batchsim.policies.padded.launch_size 053c8f9dfc21\n"
     "batchsim.policies.padded.reserve_tokens 91b498b574bd\n"
     "batchsim.policies.padded.run_padded 301f2dacef6d\n"
-    "batchsim.policies.recipe.IterationRecipe.__post_init__ 7fc27f344335\n"
+    "batchsim.policies.recipe.CudaGraphs.__post_init__ 623b12b3ede1\n"
+    "batchsim.policies.recipe.IterationRecipe.__post_init__ 35f465062bd8\n"
     "batchsim.policies.recipe.Move.__post_init__ 77a804de13dc\n"
     "batchsim.policies.recipe.PaddedRecipe.__post_init__ fede5fb47de3\n"
     "batchsim.policies.recipe._one_of 4807f029c567\n"
     "batchsim.policies.recipe._positive_int 2fc0431fea59\n"
+    "batchsim.policies.recipe._sizes 56311ed8cae5\n"
     "batchsim.policies.rules.RecipePolicy.__init__ d2276e39bfe6\n"
     "batchsim.policies.rules.RecipePolicy.make_recipe 9a0a8dadd801\n"
     "batchsim.policies.rules.RecipePolicy.schedule 2c354dc0661b\n"
     "batchsim.policies.rules.interpret 3a8b138511a5\n"
+    "batchsim.policies.step.CudaGraphsConfig._factor 7684d9036786\n"
+    "batchsim.policies.step.CudaGraphsConfig._sizes 2eb347b5018a\n"
+    "batchsim.policies.step.CudaGraphsConfig.value 72147a1a50ab\n"
     "batchsim.policies.step.IterationConfig._budget_covers_decodes b4f4625fe70b\n"
-    "batchsim.policies.step.IterationConfig.recipe e58f2875eade\n"
+    "batchsim.policies.step.IterationConfig.recipe 40311d9b80f4\n"
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
-    "batchsim.policies.step.StepBuilder.__init__ 9907656ac44b\n"
+    "batchsim.policies.step.StepBuilder.__init__ b3d6c8d1533c\n"
     "batchsim.policies.step.StepBuilder._future 821a3f0cb7f9\n"
     "batchsim.policies.step.StepBuilder._preempt 0344c4a94cde\n"
-    "batchsim.policies.step.StepBuilder._try 118c75d640ce\n"
+    "batchsim.policies.step.StepBuilder._try 492eaa7416ac\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
     "batchsim.policies.step.StepBuilder._whole 1ce602732704\n"
     "batchsim.policies.step.StepBuilder.admit 750b7109e1b3\n"
-    "batchsim.policies.step.StepBuilder.plan 5d02a8ce2f41\n"
+    "batchsim.policies.step.StepBuilder.plan 683bbf4dc9f5\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 7979d6ed5e0e\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
     "batchsim.policies.step.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
+    "batchsim.policies.step._strictly_increasing 1cf032234136\n"
+    "batchsim.policies.step.graph_tokens 4f94baa9fbce\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
     "batchsim.policies.step.over_watermark c8364d4bb38a\n"
-    "batchsim.policies.step.run_iteration 4e9232f6b393\n"
+    "batchsim.policies.step.run_iteration 470712bcaf43\n"
     "batchsim.sim.engine.Cluster.__init__ 6dd05058d515\n"
     "batchsim.sim.engine.Cluster._arrivals a884ce4b6c0b\n"
     "batchsim.sim.engine.Cluster._client b640776e8788\n"
@@ -1694,7 +1727,7 @@ static const char CORE_RULES[] =
     "batchsim.sim.engine.Replica._advance d3c5015d3955\n"
     "batchsim.sim.engine.Replica._check_names 7e4e20bd1ce3\n"
     "batchsim.sim.engine.Replica._free_deferred b53953a84a55\n"
-    "batchsim.sim.engine.Replica._grow_and_shape cc754fc57070\n"
+    "batchsim.sim.engine.Replica._grow_and_shape 376a9ddd9e53\n"
     "batchsim.sim.engine.Replica._idle f5ada59026bc\n"
     "batchsim.sim.engine.Replica._let_go dada3ee995ca\n"
     "batchsim.sim.engine.Replica._loop 21f2908de765\n"
@@ -1806,11 +1839,13 @@ static const char CORE_RULES[] =
     "bind:batchsim.policies.padded.launch_size a604d059b6ac\n"
     "bind:batchsim.policies.padded.reserve_tokens 449b52e4333c\n"
     "bind:batchsim.policies.padded.run_padded 7167052d01fe\n"
+    "bind:batchsim.policies.recipe.CudaGraphs cbbadf10314e\n"
     "bind:batchsim.policies.recipe.IterationRecipe cdc568c1fb14\n"
     "bind:batchsim.policies.recipe.Move 090ac9ed9e53\n"
     "bind:batchsim.policies.recipe.PaddedRecipe 672df04bd32b\n"
     "bind:batchsim.policies.recipe._one_of b6c870d3d92f\n"
     "bind:batchsim.policies.recipe._positive_int 94d7f62a1fb9\n"
+    "bind:batchsim.policies.recipe._sizes 2e19ff650b3b\n"
     "bind:batchsim.policies.rules.BatchPlan 3c1194a5cf8f\n"
     "bind:batchsim.policies.rules.IterationRecipe cdc568c1fb14\n"
     "bind:batchsim.policies.rules.PaddedRecipe 672df04bd32b\n"
@@ -1822,6 +1857,8 @@ static const char CORE_RULES[] =
     "bind:batchsim.policies.rules.run_iteration 332338ad6440\n"
     "bind:batchsim.policies.rules.run_padded 7167052d01fe\n"
     "bind:batchsim.policies.step.BatchPlan 3c1194a5cf8f\n"
+    "bind:batchsim.policies.step.CudaGraphs cbbadf10314e\n"
+    "bind:batchsim.policies.step.CudaGraphsConfig b994e5ff7809\n"
     "bind:batchsim.policies.step.IterationConfig 72174a647d59\n"
     "bind:batchsim.policies.step.IterationRecipe cdc568c1fb14\n"
     "bind:batchsim.policies.step.Move 090ac9ed9e53\n"
@@ -1829,6 +1866,8 @@ static const char CORE_RULES[] =
     "bind:batchsim.policies.step.ReplicaView 0e32e5ca79c7\n"
     "bind:batchsim.policies.step.SeqView 024e7eaf38aa\n"
     "bind:batchsim.policies.step.StepBuilder 10395b3bd777\n"
+    "bind:batchsim.policies.step._strictly_increasing b87f6354d307\n"
+    "bind:batchsim.policies.step.graph_tokens a165786380d8\n"
     "bind:batchsim.policies.step.held_blocks 9286315e6093\n"
     "bind:batchsim.policies.step.last_admitted fa5bcbf237ff\n"
     "bind:batchsim.policies.step.over_budget 45df49487b3f\n"
@@ -1883,9 +1922,11 @@ static const char CORE_RULES[] =
     "const:batchsim.policies.ordering.RETRACT_FIRST f71d36f9a9ca\n"
     "const:batchsim.policies.recipe.ADMISSIONS a1f2afd3ee9f\n"
     "const:batchsim.policies.recipe.GUARDS 47136d6471eb\n"
+    "const:batchsim.policies.recipe.MAX_GRAPH_SIZES bfa0ec8bdf29\n"
     "const:batchsim.policies.recipe.MOVES dc7bfba81d3f\n"
     "const:batchsim.policies.recipe.ORDERS 28cfbea2e65d\n"
     "const:batchsim.policies.recipe.VICTIMS 3c08df52c6b9\n"
+    "const:batchsim.policies.step.MAX_GRAPH_SIZES bfa0ec8bdf29\n"
     "const:batchsim.policies.step.REMAINING_CLIP 8b926d75599a\n"
     "const:batchsim.policies.step.RETRACT_FIRST f71d36f9a9ca\n"
     "const:batchsim.sim.engine.COMPLETED a3b605a665d1\n"
@@ -1908,21 +1949,21 @@ static const char CORE_RULES[] =
     "entry:batchsim.sim.router.ROUTERS[least_outstanding] c35769512374\n"
     "entry:batchsim.sim.router.ROUTERS[power_of_two] bfa930e5b1a9\n"
     "entry:batchsim.sim.router.ROUTERS[round_robin] 7e5ba5bac6a5\n"
-    "file:batchsim.calibrate.costmodel 85e0bd60f652\n"
+    "file:batchsim.calibrate.costmodel c739d5951398\n"
     "file:batchsim.calibrate.curves 088d0215b6d7\n"
     "file:batchsim.calibrate.work 0e7711d20b35\n"
     "file:batchsim.policies.base 3ab778e584ef\n"
     "file:batchsim.policies.ordering 71898a807d46\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe cd4800f6dc2a\n"
+    "file:batchsim.policies.recipe 644c6ee3866c\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step 9656a29fde54\n"
-    "file:batchsim.sim.engine 320eb5b74c67\n"
+    "file:batchsim.policies.step e00acf97f2fd\n"
+    "file:batchsim.sim.engine 55f303ade718\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"
     "file:batchsim.sim.router c8d4b350074a\n"
     "file:batchsim.sim.state 3d3da7e3b7af\n"
-    "file:batchsim.sim.types 5c0885bd2263\n";
+    "file:batchsim.sim.types 4e580928468f\n";
 /* END RULES FINGERPRINT */
 
 /* Which source this library was built from (batchsim/core/build.py source_key). */

@@ -72,6 +72,14 @@ schedulers do (the plans say ``ahead``; batchsim.sim.types.BatchPlan): a request
 that reaches the replica during a step joins the step after next, and the KV a
 step's finished sequences free is seen by the plan after next too.
 
+With ``cuda_graphs`` (:class:`CudaGraphs`) the step's dense operators run padded to the
+engine's CUDA-graph capture sizes, as vLLM's and SGLang's graph replays run them: a step of
+``T`` tokens runs them at the smallest capture size ``>= T`` (a step whose every row is one
+token uses ``decode_sizes``, any other step ``step_sizes``), and at ``T`` itself above the
+largest size or where the engine runs the step eagerly (the plan's ``graph_tokens``;
+batchsim.policies.step.graph_tokens states the rule). Attention and the LM head run on the
+real rows.
+
 Each move appears at most once, and a recipe admits whole prompts or chunks,
 not both: the moves then take disjoint sets of sequences.
 
@@ -90,7 +98,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["Move", "IterationRecipe", "PaddedRecipe", "Recipe", "MOVES", "GUARDS", "ORDERS", "VICTIMS", "ADMISSIONS"]
+__all__ = ["Move", "CudaGraphs", "IterationRecipe", "PaddedRecipe", "Recipe", "MOVES", "GUARDS", "ORDERS", "VICTIMS", "ADMISSIONS"]
 
 MoveKind = Literal["decodes", "partial_prefills", "admit", "admit_chunks"]
 Guard = Literal["rows", "preempted", "stalled"]
@@ -130,6 +138,49 @@ class Move:
             _one_of("guard", g, GUARDS)
 
 
+def _sizes(what: str, sizes) -> None:
+    if not isinstance(sizes, tuple):
+        raise ValueError(f"{what} must be a tuple, got {sizes!r}")
+    for v in sizes:
+        _positive_int(f"a size of {what}", v)
+    for a, b in zip(sizes, sizes[1:]):
+        if not a < b:
+            raise ValueError(f"{what} must increase strictly, got {a} then {b}")
+    if len(sizes) > MAX_GRAPH_SIZES:
+        raise ValueError(f"{what}: at most {MAX_GRAPH_SIZES} sizes, got {len(sizes)}")
+
+
+# the most capture sizes one list may hold (the compiled core's fixed arrays)
+MAX_GRAPH_SIZES = 2048
+
+
+@dataclass(frozen=True)
+class CudaGraphs:
+    """The token counts an engine captured CUDA graphs at, and when it replays them.
+
+    ``decode_sizes`` serve steps whose every row is one token, ``step_sizes`` every other step
+    (either may be empty: such steps run eagerly, unpadded). ``step_max_padding`` (> 0) runs a
+    step eagerly when its size would exceed that multiple of its tokens (SGLang's prefill
+    graphs: 2); ``decode_max_context`` (> 0) runs a one-token-rows step eagerly when a row's
+    context after the step exceeds it (vLLM V0's ``max_seq_len_to_capture``).
+    """
+
+    decode_sizes: tuple[int, ...] = ()
+    step_sizes: tuple[int, ...] = ()
+    step_max_padding: float = 0.0
+    decode_max_context: int = 0
+
+    def __post_init__(self) -> None:
+        _sizes("decode_sizes", self.decode_sizes)
+        _sizes("step_sizes", self.step_sizes)
+        f = self.step_max_padding
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not (f == 0 or f >= 1):
+            raise ValueError(f"step_max_padding must be 0 (no limit) or a factor >= 1, got {f!r}")
+        m = self.decode_max_context
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"decode_max_context must be an integer >= 0 (0: no limit), got {m!r}")
+
+
 @dataclass(frozen=True)
 class IterationRecipe:
     """An iteration-level policy's rules: its moves, limits, queue order, victim and admission rules."""
@@ -142,6 +193,7 @@ class IterationRecipe:
     admission: Admission = "step"
     watermark: float = 0.0
     schedule_ahead: bool = False
+    cuda_graphs: CudaGraphs | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.moves, tuple) or not all(isinstance(m, Move) for m in self.moves):
@@ -163,6 +215,8 @@ class IterationRecipe:
             raise ValueError(f"watermark must be a fraction >= 0 and < 1, got {w!r}")
         if not isinstance(self.schedule_ahead, bool):
             raise ValueError(f"schedule_ahead must be true or false, got {self.schedule_ahead!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, CudaGraphs):
+            raise ValueError(f"cuda_graphs must be a CudaGraphs or None, got {self.cuda_graphs!r}")
 
 
 @dataclass(frozen=True)

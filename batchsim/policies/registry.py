@@ -97,8 +97,14 @@ def _validation_error(err: ValidationError, cfg: type[PolicyConfig], name: str) 
         field = ".".join(str(p) for p in e["loc"])
         where = f"policy.{field}" if field else "policy"
         if e["type"] == "extra_forbidden":
-            knobs = ", ".join(f for f in cfg.model_fields if f != "name")
-            found.append((where, f"unknown knob for policy {name!r} (got {e['input']!r}); expected one of {knobs}"))
+            model, loc = cfg, list(e["loc"][:-1])
+            while loc:  # a knob's own section (cuda_graphs): name that section's fields
+                ann = model.model_fields[str(loc.pop(0))].annotation
+                model = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type)
+                              and hasattr(a, "model_fields")), model)
+            knobs = ", ".join(f for f in model.model_fields if f != "name")
+            what = f"policy {name!r}" if model is cfg else f"{'.'.join(map(str, e['loc'][:-1]))} of policy {name!r}"
+            found.append((where, f"unknown knob for {what} (got {e['input']!r}); expected one of {knobs}"))
         elif e["type"] == "value_error":  # our own checks: the message names the values
             found.append((where, e["msg"].removeprefix("Value error, ")))
         else:

@@ -25,17 +25,19 @@ core was written for (``batchsim.core.rules``).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Callable, Sequence
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from batchsim.policies.base import PolicyConfig, held_blocks
 from batchsim.policies.ordering import QUEUE_ORDERS, RETRACT_FIRST, VICTIM_RULES, QueueOrder, VictimRule, last_admitted
-from batchsim.policies.recipe import Admission, IterationRecipe, Move
+from batchsim.policies.recipe import MAX_GRAPH_SIZES, Admission, CudaGraphs, IterationRecipe, Move
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
 
-__all__ = ["IterationConfig", "StepBuilder", "REMAINING_CLIP", "over_budget", "over_watermark", "run_iteration"]
+__all__ = ["IterationConfig", "CudaGraphsConfig", "StepBuilder", "REMAINING_CLIP", "graph_tokens", "over_budget",
+           "over_watermark", "run_iteration"]
 
 # Admission 'remaining': the most output tokens counted for one request (SGLang
 # CLIP_MAX_NEW_TOKENS, env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, default 4096:
@@ -52,6 +54,67 @@ def over_watermark(tokens: int, blocks: int, total: int, watermark: int) -> str:
     """Why a sequence is rejected at admission: it can never leave the watermark free (vLLM V0 NEVER)."""
     return (f"{tokens} tokens need {blocks} KV blocks but only {total - watermark} of the {total} may be "
             f"allocated at admission (the watermark keeps {watermark} free)")
+
+
+def graph_tokens(graphs: CudaGraphs, tokens: int, one_token_rows: bool, longest: int) -> int:
+    """The tokens a step of ``tokens`` runs its dense operators at under ``graphs``: the smallest
+    capture size of its kind at least ``tokens`` (vLLM V1 ``CudagraphDispatcher.dispatch``; SGLang
+    ``_pad_to_bucket``), or ``tokens`` itself where the engine runs the step eagerly: above the
+    largest size, a padding past ``step_max_padding`` (SGLang's prefill graphs), a row's context
+    (``longest``, after the step) past ``decode_max_context`` (vLLM V0)."""
+    sizes = graphs.decode_sizes if one_token_rows else graphs.step_sizes
+    if not sizes or tokens > sizes[-1]:
+        return tokens
+    if one_token_rows and graphs.decode_max_context and longest > graphs.decode_max_context:
+        return tokens
+    padded = sizes[bisect_left(sizes, tokens)]
+    if not one_token_rows and graphs.step_max_padding and padded > graphs.step_max_padding * tokens:
+        return tokens
+    return padded
+
+
+def _strictly_increasing(v: tuple[int, ...]) -> tuple[int, ...]:
+    for a, b in zip(v, v[1:]):
+        if not a < b:
+            raise ValueError(f"sizes must increase strictly, got {a} then {b}")
+    return v
+
+
+class CudaGraphsConfig(BaseModel):
+    """The engine's CUDA-graph capture sizes, in tokens (``cuda_graphs`` of the policy section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    decode_sizes: tuple[int, ...] = Field(
+        (), max_length=MAX_GRAPH_SIZES,
+        description="Capture sizes of steps whose every row is one token (decodes), increasing.")
+    step_sizes: tuple[int, ...] = Field(
+        (), max_length=MAX_GRAPH_SIZES,
+        description="Capture sizes of every other step (prefills, mixed steps), increasing; empty: eager.")
+    step_max_padding: float = Field(
+        0.0, ge=0, description="Run a non-decode step eagerly when its capture size exceeds this multiple of "
+                               "its tokens (SGLang's prefill graphs: 2); 0: no limit.")
+    decode_max_context: int = Field(
+        0, ge=0, description="Run a decode step eagerly when a row's context exceeds this (vLLM V0 "
+                             "max_seq_len_to_capture); 0: no limit.")
+
+    @field_validator("decode_sizes", "step_sizes")
+    @classmethod
+    def _sizes(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        for x in v:
+            if x < 1:
+                raise ValueError(f"capture sizes must be >= 1, got {x}")
+        return _strictly_increasing(v)
+
+    @field_validator("step_max_padding")
+    @classmethod
+    def _factor(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError(f"step_max_padding must be 0 (no limit) or a factor >= 1, got {v}")
+        return v
+
+    def value(self) -> CudaGraphs:
+        return CudaGraphs(decode_sizes=self.decode_sizes, step_sizes=self.step_sizes,
+                          step_max_padding=float(self.step_max_padding), decode_max_context=self.decode_max_context)
 
 
 class IterationConfig(PolicyConfig):
@@ -81,6 +144,10 @@ class IterationConfig(PolicyConfig):
         False, description="Plan each step while the one before it runs (vLLM async scheduling, SGLang and "
                            "TensorRT-LLM overlap schedulers): a request arriving during a step joins the "
                            "step after next, and KV freed by a step is seen one plan later.")
+    cuda_graphs: CudaGraphsConfig | None = Field(
+        None, description="The engine's CUDA-graph capture sizes: a step's dense operators run padded to the "
+                          "smallest size at least its tokens (vLLM, SGLang); none: every step at its own "
+                          "token count.")
     enable_prefix_caching: bool = Field(
         False, description="Share and reuse KV of identical prompt prefixes, LRU-evicted (vLLM "
                            "--enable-prefix-caching); needs prefix hashes in the workload.")
@@ -90,7 +157,8 @@ class IterationConfig(PolicyConfig):
         return IterationRecipe(moves=moves, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens, order=self.order,
                                admission=self.admission, victim=self.victim, watermark=self.watermark,
-                               schedule_ahead=self.schedule_ahead)
+                               schedule_ahead=self.schedule_ahead,
+                               cuda_graphs=self.cuda_graphs.value() if self.cuda_graphs is not None else None)
 
     @field_validator("max_num_batched_tokens")
     @classmethod
@@ -121,7 +189,7 @@ def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
                 stalled = True
         else:
             step.admit(QUEUE_ORDERS[recipe.order](view.waiting), chunked=kind == "admit_chunks")
-    return step.plan(recipe.schedule_ahead)
+    return step.plan(recipe.schedule_ahead, recipe.cuda_graphs)
 
 
 class StepBuilder:
@@ -139,6 +207,7 @@ class StepBuilder:
         self.free = view.kv.free_blocks
         self.victim = victim
         self.num_tokens: dict[int, int] = {}
+        self.longest = 0  # the longest scheduled row's context after the step
         self.preempted: list[int] = []
         self.release: list[int] = []
         self.reject: dict[int, str] = {}
@@ -164,6 +233,8 @@ class StepBuilder:
         self.free -= need
         self.budget -= q
         self.num_tokens[seq.rid] = q
+        if total > self.longest:
+            self.longest = total
         return True
 
     def _preempt(self, seq: SeqView) -> None:
@@ -289,8 +360,9 @@ class StepBuilder:
                 self.reserve[seq.rid] = hold
             self.slots -= 1
 
-    def plan(self, ahead: bool = False) -> BatchPlan:
-        """The step as a value (planned ahead or not); victims listed in admission order.
+    def plan(self, ahead: bool = False, graphs: CudaGraphs | None = None) -> BatchPlan:
+        """The step as a value (planned ahead or not, run padded to ``graphs``' sizes or not); victims
+        listed in admission order.
 
         The engine puts preempted sequences at the front of the queue in plan
         order, so listing them oldest first restores their admission order
@@ -300,5 +372,11 @@ class StepBuilder:
         if self.preempted:
             rank = {s.rid: i for i, s in enumerate(self.live)}
             preempt = tuple(sorted(self.preempted, key=rank.__getitem__))
+        padded = 0
+        if graphs is not None and self.num_tokens:
+            tokens = sum(self.num_tokens.values())
+            padded = graph_tokens(graphs, tokens, tokens == len(self.num_tokens), self.longest)
+            if padded == tokens:
+                padded = 0
         return BatchPlan(num_tokens=self.num_tokens, preempt=preempt, release=tuple(self.release),
-                         reject=self.reject, reserve=self.reserve, ahead=ahead)
+                         reject=self.reject, reserve=self.reserve, ahead=ahead, graph_tokens=padded)

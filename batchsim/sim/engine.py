@@ -329,13 +329,17 @@ class Replica:
         q_arr = np.fromiter(plan.num_tokens.values(), dtype=np.int64, count=len(ctx))
         kv_arr = np.array(ctx, dtype=np.int64)
         if not pad and not billed:
+            if plan.graph_tokens:  # (a CUDA graph's padding: the dense operators' extra tokens are not useful)
+                return (StepShape(q=q_arr, kv=kv_arr, sampled=sampled, dense_tokens=plan.graph_tokens),
+                        StepShape(q=q_arr, kv=kv_arr, sampled=sampled))
             return StepShape(q=q_arr, kv=kv_arr, sampled=sampled), None
         useful = StepShape(q=q_arr, kv=kv_arr, sampled=sampled)
         if billed:
             kv_arr = np.array([billed.get(rid, c) for rid, c in zip(plan.num_tokens, ctx)], dtype=np.int64)
         q_all = np.concatenate([q_arr, np.array([p[0] for p in pad], dtype=np.int64)])
         kv_all = np.concatenate([kv_arr, np.array([p[1] for p in pad], dtype=np.int64)])
-        return StepShape(q=q_all, kv=kv_all, sampled=sampled + sum(1 for p in pad if p[2])), useful
+        return StepShape(q=q_all, kv=kv_all, sampled=sampled + sum(1 for p in pad if p[2]),
+                         dense_tokens=plan.graph_tokens), useful
 
     def _advance(self, plan: BatchPlan, sampled: int) -> None:
         """Apply a finished step: tokens advance, stamps (when the client has the ``sampled``

@@ -115,6 +115,9 @@ class BatchPlan:
       requests that reach the replica during the step, and the KV its finished
       sequences free, are seen by the plan after next, not the next one. With
       nothing planned, the replica takes both at once and plans again.
+    - ``graph_tokens``: the token count the step's dense operators run at, when the engine
+      replays a CUDA graph captured for more tokens than the step has (0: its own count);
+      attention and the LM head run on the real rows.
     """
 
     num_tokens: Mapping[int, int] = field(default_factory=dict)
@@ -128,6 +131,7 @@ class BatchPlan:
     reject: Mapping[int, str] = field(default_factory=dict)
     idle_until: float | None = None
     ahead: bool = False
+    graph_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -145,12 +149,15 @@ class StepShape:
     One row per sequence in the batch (padded rows included): ``q`` new tokens
     over ``kv`` tokens already cached. ``sampled`` rows produce a token and so
     run the LM head. Rows with ``q == 1`` and ``kv > 0`` are decodes; the rest
-    are (chunks of) prefills.
+    are (chunks of) prefills. ``dense_tokens``, when set, is the token count the
+    dense operators (projections, MLP, norms, all-reduces) run at: a CUDA graph's
+    capture size the step is padded to (BatchPlan.graph_tokens).
     """
 
     q: np.ndarray  # int64 per row
     kv: np.ndarray  # int64 per row
     sampled: int
+    dense_tokens: int = 0
 
     @property
     def num_rows(self) -> int:

@@ -1,0 +1,106 @@
+"""Steps padded to an engine's CUDA-graph capture sizes (``cuda_graphs``), worked by hand.
+
+vLLM V1 replays a step of n tokens from the graph captured for the smallest capture size
+at least n (its dense operators then run at that many tokens; attention and the LM head on
+the real rows), SGLang does so for decode batches and, within twice their tokens, for
+prefill batches, vLLM V0 for decode batches whose contexts fit ``max_seq_len_to_capture``.
+The rule is batchsim.policies.step.graph_tokens; both engines run it (tests/test_core.py
+compares them, with and without graphs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchsim import policies
+from batchsim.app.config import scenario_from_dict
+from batchsim.app.runner import build_parts, simulate
+from batchsim.calibrate.costmodel import RooflineCostModel
+from batchsim.calibrate.hardware import load_hardware
+from batchsim.calibrate.models import load_model
+from batchsim.policies.recipe import CudaGraphs
+from batchsim.policies.step import graph_tokens
+from batchsim.sim.errors import InputError
+from batchsim.sim.types import StepShape
+from tests.test_robust_errors import message
+
+VLLM = tuple([1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)])
+SGLANG_DECODE = tuple([1, 2, 4, 8, 12, *range(16, 257, 8)])
+SGLANG_PREFILL = tuple([*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+                        *range(1280, 4097, 256), *range(4608, 8193, 512)])
+
+
+def test_a_step_runs_at_the_smallest_capture_size_at_least_its_tokens():
+    g = CudaGraphs(decode_sizes=VLLM, step_sizes=VLLM)
+    assert [graph_tokens(g, t, True, 100) for t in (1, 3, 5, 9, 16, 249, 257, 512)] == [1, 4, 8, 16, 16, 256, 272, 512]
+    assert graph_tokens(g, 513, True, 100) == 513  # above the largest size: eager, its own count
+    assert graph_tokens(g, 475, False, 467) == 480  # a mixed step (467-token prompt and 8 decodes)
+
+
+def test_sglang_pads_prefills_only_within_twice_their_tokens():
+    g = CudaGraphs(decode_sizes=SGLANG_DECODE, step_sizes=SGLANG_PREFILL, step_max_padding=2.0)
+    assert graph_tokens(g, 9, True, 500) == 12 and graph_tokens(g, 200, True, 500) == 200
+    assert graph_tokens(g, 257, True, 500) == 257  # above max_bs 256: eager
+    assert graph_tokens(g, 467, False, 467) == 480 and graph_tokens(g, 1025, False, 1025) == 1280
+    assert graph_tokens(g, 8193, False, 8193) == 8193
+    assert graph_tokens(g, 3, False, 3) == 4  # 4 <= 2 x 3
+    # a bucket more than twice the tokens is not replayed (one 1-token prompt is a one-token-rows step)
+    assert graph_tokens(CudaGraphs(step_sizes=(8,), step_max_padding=2.0), 3, False, 3) == 3
+
+
+def test_vllm_v0_pads_decodes_only_within_its_capture_context():
+    g = CudaGraphs(decode_sizes=(1, 2, 4, 8), decode_max_context=8192)
+    assert graph_tokens(g, 5, True, 8192) == 8 and graph_tokens(g, 5, True, 8193) == 5
+    assert graph_tokens(g, 5, False, 100) == 5  # no graphs for prefills
+
+
+def test_the_dense_operators_run_at_the_padded_tokens_and_attention_on_the_real_rows():
+    cost = RooflineCostModel(load_model("llama-3.1-8b"), load_hardware("h100-sxm"), tp=2)
+    rows = dict(q=np.ones(9, np.int64), kv=np.arange(100, 109, dtype=np.int64), sampled=9)
+    plain, padded = cost.price(StepShape(**rows)), cost.price(StepShape(**rows, dense_tokens=16))
+    d9, d16 = cost.dense_totals(9, 9), cost.dense_totals(16, 9)  # (compute, memory, network, overhead, flops, ...)
+    assert padded.seconds - plain.seconds == pytest.approx(sum(d16[:4]) - sum(d9[:4]), rel=1e-9)
+    assert padded.flops - plain.flops == pytest.approx(2 * (d16[4] - d9[4]), rel=1e-9)
+    assert padded.network_s > plain.network_s  # the padding tokens are all-reduced too
+    # the breakdown prices the same step the same way
+    assert cost.price(StepShape(**rows, dense_tokens=16), breakdown=True).seconds == pytest.approx(padded.seconds)
+    assert cost.price(StepShape(**rows, dense_tokens=9)).seconds == plain.seconds
+
+
+@pytest.mark.parametrize("engine", ["python", "core"])
+def test_every_step_is_billed_its_padding_and_mfu_counts_the_real_tokens(engine):
+    raw = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine": engine, "seed": 3,
+           "policy": {"name": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512,
+                      "cuda_graphs": {"decode_sizes": list(VLLM), "step_sizes": list(VLLM)}},
+           "workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate": 20.0},
+                        "prompt_tokens": {"dist": "lognormal", "median": 300, "p90": 900, "max": 2000},
+                        "output_tokens": {"dist": "lognormal", "median": 60, "p90": 200, "max": 400}}}
+    sc = scenario_from_dict(raw)
+    parts = build_parts(sc)
+    steps = simulate(sc, parts).steps
+    g = CudaGraphs(decode_sizes=VLLM, step_sizes=VLLM)
+    cost, padded = parts.cost, 0
+    for rows, pre, dec, flops, useful in zip(steps["num_rows"], steps["prefill_tokens"], steps["decode_tokens"],
+                                             steps["flops"], steps["useful_flops"]):
+        T = int(pre + dec)
+        D = graph_tokens(g, T, T == rows, 0)
+        want = cost.dense_totals(D, 0)[4] - cost.dense_totals(T, 0)[4]  # (the LM head is the same on both)
+        assert flops - useful == pytest.approx(want, rel=1e-9, abs=1e-3)
+        padded += D > T
+    assert padded > len(steps) // 2  # most steps were padded: the case under test happened
+    assert (steps["padding_tokens"] == 0).all()  # graph padding is not a padded batch's padding rows
+
+
+@pytest.mark.parametrize("graphs, expected", [
+    ({"decode_sizes": [8, 4]}, "policy.cuda_graphs.decode_sizes: sizes must increase strictly, got 8 then 4"),
+    ({"step_sizes": [0, 4]}, "policy.cuda_graphs.step_sizes: capture sizes must be >= 1, got 0"),
+    ({"step_max_padding": 0.5}, "policy.cuda_graphs.step_max_padding: step_max_padding must be 0 (no limit) or a "
+                                "factor >= 1, got 0.5"),
+    ({"sizes": [1]}, "policy.cuda_graphs.sizes: unknown knob for cuda_graphs of policy 'continuous' (got [1]); "
+                     "expected one of decode_sizes, step_sizes, step_max_padding, decode_max_context"),
+])
+def test_bad_capture_sizes_are_named(graphs, expected):
+    assert message(policies.create_policy, {"name": "continuous", "cuda_graphs": graphs}) == expected
+    with pytest.raises(InputError):
+        policies.create_policy({"name": "continuous", "cuda_graphs": graphs})
