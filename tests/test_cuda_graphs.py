@@ -19,6 +19,7 @@ from batchsim.app.runner import build_parts, simulate
 from batchsim.calibrate.costmodel import RooflineCostModel
 from batchsim.calibrate.hardware import load_hardware
 from batchsim.calibrate.models import load_model
+from batchsim.engines import preset_report
 from batchsim.policies.recipe import CudaGraphs
 from batchsim.policies.step import graph_tokens
 from batchsim.sim.errors import InputError
@@ -90,6 +91,44 @@ def test_every_step_is_billed_its_padding_and_mfu_counts_the_real_tokens(engine)
         padded += D > T
     assert padded > len(steps) // 2  # most steps were padded: the case under test happened
     assert (steps["padding_tokens"] == 0).all()  # graph padding is not a padded batch's padding rows
+
+
+def _scenario(preset, hardware="h100-sxm", tp=1, **policy):
+    raw = {"model": "llama-3.1-8b" if tp == 1 else "llama-3.1-70b", "hardware": hardware, "tensor_parallel_size": tp,
+           "engine_preset": preset, "workload": {"num_requests": 10}}
+    if policy:
+        raw["policy"] = policy
+    return scenario_from_dict(raw)
+
+
+def test_the_presets_derive_the_engines_default_capture_sizes():
+    v1 = _scenario("vllm-v1").policy["cuda_graphs"]  # 1024 seqs, 8192 tokens on an H100
+    assert v1 == {"decode_sizes": list(VLLM), "step_sizes": list(VLLM)}
+    assert _scenario("vllm-v1", "b200").policy["cuda_graphs"]["step_sizes"][-1] == 1024  # data-centre Blackwell
+    small = _scenario("vllm-v1", max_num_batched_tokens=300).policy["cuda_graphs"]["step_sizes"]
+    assert small[-5:] == [248, 256, 272, 288, 300]  # capped at the token budget, which is captured too
+    assert _scenario("vllm-v1", "a100-40gb").policy["cuda_graphs"]["step_sizes"][-1] == 512  # 256 seqs x 2
+    v0 = _scenario("vllm-v0").policy["cuda_graphs"]
+    assert v0 == {"decode_sizes": [1, 2, 4, *range(8, 257, 8)], "decode_max_context": 8192}
+    assert _scenario("vllm-v0", max_num_seqs=100).policy["cuda_graphs"]["decode_sizes"][-1] == 104
+    sg = _scenario("sglang").policy["cuda_graphs"]
+    assert sg == {"decode_sizes": list(SGLANG_DECODE), "step_sizes": list(SGLANG_PREFILL), "step_max_padding": 2.0}
+    assert _scenario("sglang", "h200", tp=4).policy["cuda_graphs"]["decode_sizes"][-3:] == [480, 496, 512]
+    assert _scenario("sglang", "a100-40gb").policy["cuda_graphs"]["decode_sizes"][-1] == 32
+    assert _scenario("sglang", "mi300x").policy["cuda_graphs"]["step_sizes"] == []  # breakable graphs: CUDA only
+    capped = _scenario("sglang", max_num_seqs=100).policy["cuda_graphs"]  # --max-running-requests 100
+    assert capped["decode_sizes"][-3:] == [88, 96, 100] and capped["step_sizes"][-1] == 8192
+    llama2 = scenario_from_dict({"model": "llama-2-7b", "hardware": "h100-sxm", "engine_preset": "sglang",
+                                 "workload": {"num_requests": 10}}).policy["cuda_graphs"]
+    assert llama2["step_sizes"][-1] == 4096
+    assert _scenario("trtllm").policy["cuda_graphs"] is None  # TensorRT-LLM: enable_padding=False
+
+
+def test_a_scenario_can_turn_the_presets_graphs_off_and_the_summary_says_so():
+    sc = _scenario("vllm-v1", cuda_graphs=None)
+    assert sc.policy["cuda_graphs"] is None
+    knob = preset_report(sc)["knobs"]["cuda_graphs"]
+    assert knob["from"] == "scenario" and knob["preset_value"]["step_sizes"][-1] == 512
 
 
 @pytest.mark.parametrize("graphs, expected", [

@@ -54,7 +54,8 @@ class Knob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     value: Any = None
     rules: tuple[Rule, ...] = ()
-    derive: Literal["max_model_len_at_least_2048", "sglang_max_running_requests"] | None = None
+    derive: Literal["max_model_len_at_least_2048", "sglang_max_running_requests", "vllm_v1_cuda_graphs",
+                    "vllm_v0_cuda_graphs", "sglang_cuda_graphs"] | None = None
     when: Literal["prefix_hashes"] | None = None
     source: str = Field(min_length=1)
 
@@ -104,8 +105,76 @@ def _context(scenario, policy: dict) -> int:
     return int(asked) if isinstance(asked, int) and not isinstance(asked, bool) else model_len
 
 
-def _derive(kind: str, scenario, policy: dict) -> int:
+def _vllm_v1_graphs(policy: dict, hw) -> dict:
+    """vLLM 0.33.0 VllmConfig._set_cudagraph_sizes (config/vllm.py:2446-2600) at its defaults (no
+    speculative decoding, performance_mode 'balanced'): one list of token counts for every step."""
+    seqs, tokens = int(policy.get("max_num_seqs", 256)), int(policy.get("max_num_batched_tokens", 8192))
+    default_max = 1024 if "b200" in hw.name.lower() else 512  # (capability family 100: data-centre Blackwell)
+    top = min(seqs * 2, default_max)
+    decode = [seqs] if seqs <= top else []
+    top = min(tokens, top)
+    sizes = [i for i in (1, 2, 4) if i <= top]
+    if top >= 8:
+        sizes += list(range(8, min(top + 1, 256), 8))
+    if top >= 256:
+        sizes += list(range(256, top + 1, 16))
+    if tokens <= top and tokens not in sizes:
+        sizes.append(tokens)
+    sizes = sorted(set(sizes + [v for v in decode if v <= tokens]))
+    return {"decode_sizes": sizes, "step_sizes": sizes}
+
+
+def _vllm_v0_graphs(policy: dict) -> dict:
+    """vLLM 0.7.3: decode-only batches, sizes [1, 2, 4] + 8i up to the first at least max_num_seqs,
+    every context at most max_seq_len_to_capture 8192 (config.py:3340-3400; worker/model_runner.py:762-818)."""
+    seqs = int(policy.get("max_num_seqs", 256))
+    possible = [1, 2, 4] + [8 * i for i in range(1, 1025)]
+    top = next((x for x in possible if x >= seqs), possible[-1])
+    return {"decode_sizes": [x for x in possible if x <= top], "decode_max_context": 8192}
+
+
+def _sglang_graphs(policy: dict, hw, tp: int, model: str, running: int | None) -> dict:
+    """SGLang 0.5.23: decode max_bs by GPU memory and TP (arg_groups/memory_hook.py:88-175), decode sizes
+    (arg_groups/cuda_graph_hook.py:500-532); prefill (breakable graphs, on CUDA only) token buckets up to
+    chunked_prefill_size (cuda_graph_hook.py:480-497; memory_hook.py:232-236), replayed only within 2x
+    (model_executor/runner/prefill_cuda_graph_runner.py:158, 1414-1420). ``running``: the scenario's own
+    max_num_seqs (SGLang's --max-running-requests), which caps the decode max_bs (memory_hook.py:182-188)."""
+    gib = hw.memory_gib
+    if gib < 20:
+        max_bs = 8
+    elif gib < 35:
+        max_bs = 48 if tp < 4 else 160
+    elif gib < 60:
+        max_bs = 32 if tp < 4 else 160
+    elif gib < 160:
+        max_bs = 256 if tp < 4 else 512
+    else:
+        max_bs = 512
+    if running is not None and max_bs > running:
+        max_bs = running
+    decode = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    decode = [b for b in decode if b <= max_bs]
+    if max_bs not in decode:
+        decode.append(max_bs)
+    chunk = int(policy.get("max_num_batched_tokens", 8192))
+    if "llama-2" in model.lower():  # (memory_hook.py:258-263: Llama-2 prefill graphs stop at 4096 tokens)
+        chunk = min(chunk, 4096)
+    prefill = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(range(576, 1025, 64))
+               + list(range(1280, 4097, 256)) + list(range(4608, chunk + 1, 512)))
+    prefill = [t for t in prefill if t <= chunk] if "mi" not in hw.name.lower()[:2] else []  # (HIP: no prefill graphs)
+    return {"decode_sizes": sorted(decode), "step_sizes": prefill, "step_max_padding": 2.0}
+
+
+def _derive(kind: str, scenario, policy: dict, hw=None):
     """A knob the engine computes from the deployment (each as the preset's source states it)."""
+    if kind == "vllm_v1_cuda_graphs":
+        return _vllm_v1_graphs(policy, hw)
+    if kind == "vllm_v0_cuda_graphs":
+        return _vllm_v0_graphs(policy)
+    if kind == "sglang_cuda_graphs":
+        running = _user_policy(scenario).get("max_num_seqs")
+        return _sglang_graphs(policy, hw, int(scenario.tensor_parallel_size), str(scenario.model),
+                              int(running) if isinstance(running, int) and not isinstance(running, bool) else None)
     if kind == "max_model_len_at_least_2048":  # vLLM V0: without chunked prefill; with it (> 32K), 2048
         return 2048 if policy.get("name") == "chunked_prefill" else max(_context(scenario, policy), 2048)
     # SGLang: min(clamp(int(token_capacity / context_len * 512), 2048, 4096), token_capacity // 2),
@@ -125,7 +194,7 @@ def _value(knob: Knob, scenario, policy: dict, hw) -> tuple[bool, Any]:
     if knob.when == "prefix_hashes" and not _has_prefix_hashes(scenario):
         return False, None
     if knob.derive is not None:
-        return True, _derive(knob.derive, scenario, policy)
+        return True, _derive(knob.derive, scenario, policy, hw)
     value = knob.value
     name = hw.name.lower()
     context = _context(scenario, policy) if any(r.min_context_tokens for r in knob.rules) else 0
