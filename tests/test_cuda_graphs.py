@@ -143,3 +143,10 @@ def test_bad_capture_sizes_are_named(graphs, expected):
     assert message(policies.create_policy, {"name": "continuous", "cuda_graphs": graphs}) == expected
     with pytest.raises(InputError):
         policies.create_policy({"name": "continuous", "cuda_graphs": graphs})
+
+
+def test_the_run_table_shows_the_sizes_in_one_line():
+    from batchsim.app.summary_table import preset_lines
+
+    (line,) = preset_lines([{"engine_preset": preset_report(_scenario("vllm-v1"))}])
+    assert "cuda_graphs={decode_sizes: [51 sizes 1..512], step_sizes: [51 sizes 1..512]}" in line

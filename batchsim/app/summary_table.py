@@ -153,6 +153,15 @@ def summary_table(summaries: list[dict], title: str | None = None) -> Table:
     return t
 
 
+def _short(value) -> str:
+    """A knob's value on one line: a long list as its count and ends (the summary JSON has it whole)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        return f"[{len(value)} sizes {value[0]}..{value[-1]}]"
+    return str(value)
+
+
 def preset_lines(summaries: list[dict]) -> list[str]:
     """``engine preset <name> (<engine> <version>): k=v, ...``: the knobs a preset set, and those it could not."""
     out = {}
@@ -161,7 +170,7 @@ def preset_lines(summaries: list[dict]) -> list[str]:
         if not p:
             continue
         knobs = p.get("knobs", {})
-        set_ = ", ".join(f"{k}={v['value']}" for k, v in knobs.items() if v.get("from") == "preset")
+        set_ = ", ".join(f"{k}={_short(v['value'])}" for k, v in knobs.items() if v.get("from") == "preset")
         line = f"engine preset {p['name']} ({p['engine']} {p['version']}): {set_ or 'nothing'}"
         left = [f"{k} ({v['from'].removeprefix('left out: ')})" for k, v in knobs.items()
                 if str(v.get("from", "")).startswith("left out")]
