@@ -18,7 +18,8 @@ from batchsim.app.bench_fit import BenchSetup, fit_bench, load_runs, validate_be
 from batchsim.app.cli import app
 from batchsim.app.config import scenario_from_dict
 from batchsim.app.runner import build_parts, simulate
-from batchsim.calibrate.bench import run_from_records, write_genai_perf, write_guidellm, write_vllm_bench
+from batchsim.calibrate.bench import (run_from_records, write_genai_perf, write_guidellm, write_sglang_bench,
+                                     write_vllm_bench)
 from batchsim.calibrate.hardware import load_hardware
 
 TRUE = {"host": {"per_step_us": 900.0, "per_seq_us": 12.0},
@@ -82,9 +83,10 @@ def test_the_profile_carries_the_terms_and_their_provenance(fitted, tmp_path):
 def test_every_format_replays(tmp_path):
     runs = [_truth("rate=6", {"process": "poisson", "rate": 6.0}, 3, n=80),
             _truth("concurrency=8", {"process": "closed", "concurrency": 8, "think_time_s": 0.0}, 4, n=80)]
-    files = [write_guidellm(tmp_path / "guidellm.json", runs), write_genai_perf(tmp_path / "genai.json", runs)]
+    files = [write_guidellm(tmp_path / "guidellm.json", runs), write_genai_perf(tmp_path / "genai.json", runs),
+             write_sglang_bench(tmp_path / "sglang.jsonl", runs[1:])]  # (SGLang: closed loops and bursts only)
     loaded = load_runs(files)
-    assert [r.format for r in loaded] == ["guidellm", "guidellm", "genai-perf", "genai-perf"]
+    assert [r.format for r in loaded] == ["guidellm", "guidellm", "genai-perf", "genai-perf", "sglang"]
     profile = tmp_path / "truth.yaml"
     data = load_hardware("h100-sxm").model_dump(mode="json")
     data["host_overhead"].update(TRUE["host"])
@@ -92,7 +94,7 @@ def test_every_format_replays(tmp_path):
     profile.write_text(json.dumps(data))
     rows = validate_bench(loaded, BenchSetup(model="llama-3-8b", hardware="h100-sxm"), str(profile))
     p50 = [r for r in rows if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot")]
-    assert len(p50) == 8
+    assert len(p50) == 10
     for r in p50:  # the true terms replay the benchmarks (genai-perf keeps whole ns, GuideLLM per-request ITL)
         assert abs(r["rel_error"]) < 1e-3, r
 

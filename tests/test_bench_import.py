@@ -1,4 +1,4 @@
-"""Reading and writing real benchmark results: vllm bench serve, GuideLLM, genai-perf."""
+"""Reading and writing real benchmark results: vllm bench serve, SGLang bench_serving, GuideLLM, genai-perf."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from batchsim.calibrate.bench import (
     run_from_records,
     write_genai_perf,
     write_guidellm,
+    write_sglang_bench,
     write_vllm_bench,
 )
 from batchsim.sim.errors import InputError
@@ -103,12 +104,87 @@ def test_vllm_old_file_without_latencies_and_start_times(tmp_path):
     np.testing.assert_array_equal(got.start, np.zeros(len(run)))
     np.testing.assert_allclose(got.latency, [run.ttft[i] + run.gaps(i).sum() for i in range(len(run))])
 
-    data["max_concurrency"] = None  # an open-loop run without send times cannot be replayed
+    data["max_concurrency"] = None  # at an infinite rate every request was sent at once
+    path.write_text(json.dumps(data))
+    got = read_bench(path)[0]
+    assert got.mode == "trace" and got.label == "rate=inf"
+    np.testing.assert_array_equal(got.start, np.zeros(len(run)))
+    data["request_rate"] = 4.0  # a finite-rate open loop without send times cannot be replayed
     path.write_text(json.dumps(data))
     with pytest.raises(InputError) as e:
         read_bench(path)
     assert e.value.where == f"{path}: start_times"
     assert "cannot be replayed" in e.value.message
+
+
+# ----------------------------------------------------------------------------- sglang
+
+
+def _at_once(run: BenchRun) -> BenchRun:
+    """``run`` with every request sent at t = 0 (a run at an infinite rate)."""
+    return BenchRun(run.source, run.format, run.label, run.model, run.mode, run.rate, run.concurrency,
+                    np.zeros(len(run)), run.input_tokens, run.output_tokens, run.ttft, run.latency, run.itl_gaps,
+                    run.itl_offsets, run.failed)
+
+
+def test_sglang_round_trip_one_line_per_run(tmp_path):
+    closed = make_run("concurrency=16", "concurrency", None, 16, failed=2, n=9)
+    burst = _at_once(make_run("rate=inf", "trace", seed=1, n=7, model=None))
+    path = write_sglang_bench(tmp_path / "sglang.jsonl", [closed, burst])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and "Infinity" in lines[0]  # (json.dumps(float("inf")), as SGLang writes it)
+    got = read_bench(path)
+    assert [(r.format, r.label, r.mode, r.concurrency) for r in got] == [
+        ("sglang", "concurrency=16", "concurrency", 16), ("sglang", "rate=inf", "trace", None)]
+    assert got[0].failed == 2 and got[0].model == closed.model and got[1].model is None
+    for g, want in zip(got, (closed, burst)):
+        np.testing.assert_array_equal(g.start, np.zeros(len(want)))  # SGLang saves no send times
+        np.testing.assert_array_equal(g.input_tokens, want.input_tokens)
+        np.testing.assert_array_equal(g.itl_offsets, want.itl_offsets)
+        np.testing.assert_allclose(g.itl_gaps, want.itl_gaps, rtol=0, atol=1e-15)
+        np.testing.assert_allclose(g.ttft, want.ttft, rtol=0, atol=1e-15)
+        # no latencies either: the end is the first token plus the gaps
+        np.testing.assert_allclose(g.latency, [want.ttft[i] + want.gaps(i).sum() for i in range(len(want))])
+    single = tmp_path / "one.jsonl"  # one run: a single JSON object
+    single.write_text(lines[0] + "\n")
+    assert [r.label for r in read_bench(single)] == ["concurrency=16"]
+
+
+def test_sglang_runs_whose_arrivals_are_not_in_the_file_are_named(tmp_path):
+    path = write_sglang_bench(tmp_path / "s.jsonl", [make_run("concurrency=4", "concurrency", None, 4)])
+    data = json.loads(path.read_text())
+    for rate, text in ((4.0, "is 4.0: SGLang saves no send times"), ("trace", 'is "trace"')):
+        data["request_rate"], data["max_concurrency"] = rate, None
+        path.write_text(json.dumps(data) + "\n")
+        with pytest.raises(InputError) as e:
+            read_bench(path)
+        assert e.value.where == f"{path}: request_rate" and text in e.value.message
+        assert "--max-concurrency" in e.value.message
+    with pytest.raises(ValueError):
+        write_sglang_bench(tmp_path / "r.jsonl", [make_run("rate=4.0", "rate", 4.0)])
+
+
+def test_sglang_bad_lines_are_named_by_line(tmp_path):
+    good = write_sglang_bench(tmp_path / "s.jsonl", [make_run("concurrency=4", "concurrency", None, 4)])
+    first = good.read_text().splitlines()[0]
+    for second, text in (("{not json", "not JSON"), ("[1, 2]", "is a JSON list"),
+                         ('{"backend": "x"}', "an object without SGLang's keys")):
+        path = tmp_path / "bad.jsonl"
+        path.write_text(first + "\n\n" + second + "\n")
+        with pytest.raises(InputError) as e:
+            read_bench(path)
+        assert e.value.where == f"{path}: line 3" and text in e.value.message
+    data = json.loads(first)
+    data["ttfts"][2] = "fast"
+    path.write_text(first + "\n" + json.dumps(data) + "\n")
+    with pytest.raises(InputError) as e:
+        read_bench(path)
+    assert e.value.where == f"{path}: line 2.ttfts" and "'fast'" in e.value.message
+    del data["itls"]
+    path.write_text(json.dumps(data) + "\n" + first + "\n")
+    with pytest.raises(InputError) as e:
+        read_bench(path)
+    assert e.value.where == f"{path}: line 1.itls" and "--output-details" in e.value.message
 
 
 def test_vllm_without_save_detailed(tmp_path):

@@ -1,8 +1,9 @@
 """Bring the simulator to the user's own engine: fit overhead terms from its benchmark, then check.
 
 ``batchsim calibrate --from-bench FILE...`` and ``batchsim validate --bench FILE`` read real
-benchmark output (``vllm bench serve --save-result --save-detailed`` JSON, GuideLLM's
-``benchmarks.json``, genai-perf's ``profile_export.json``: batchsim.calibrate.bench) and replay
+benchmark output (``vllm bench serve --save-result --save-detailed`` JSON, SGLang bench_serving's
+``--output-details`` JSONL, GuideLLM's ``benchmarks.json``, genai-perf's ``profile_export.json``:
+batchsim.calibrate.bench) and replay
 each benchmark's own requests through the simulator: the same prompt and output lengths, in the
 same order, sent at the same times (a rate or trace benchmark) or by the same number of
 closed-loop clients (a concurrency benchmark).

@@ -1,6 +1,6 @@
 """Real serving-benchmark results, read into one validated columnar :class:`BenchRun`.
 
-Three tools' output files are read (and written, so that tests and calibration
+Four tools' output files are read (and written, so that tests and calibration
 checks can build files without downloading any):
 
 ``vllm``
@@ -31,6 +31,19 @@ checks can build files without downloading any):
     ``inter_token_latency_ms``, so ITL percentiles of a GuideLLM run are
     percentiles of per-request means, not of single gaps. Starts are epoch
     seconds in float64, good to about 1e-6 s.
+``sglang``
+    ``python -m sglang.benchmark.serving`` (formerly ``sglang.bench_serving``)
+    ``--output-file F.jsonl --output-details``, SGLang 0.5.23
+    (``sglang/benchmark/serving.py``): one JSON object per line, one line
+    appended per benchmark run, with ``backend``, ``dataset_name``,
+    ``request_rate`` (a number, ``Infinity`` or ``"trace"``),
+    ``max_concurrency``, summary keys like vLLM's and, with
+    ``--output-details``, the per-request lists ``input_lens``,
+    ``output_lens``, ``ttfts`` (s), ``itls`` (gaps in s per request),
+    ``generated_texts`` and ``errors``. It saves no send times and no
+    latencies (latency = ttft + sum of the gaps): a closed-loop run
+    (``max_concurrency``) or one at an infinite rate (every request sent at
+    once) can be replayed, a finite-rate run cannot.
 ``genai-perf``
     genai-perf 0.0.16 ``profile_export.json``, written by perf_analyzer:
     ``experiments[]``, each with ``experiment`` {``mode``: ``"concurrency"``
@@ -77,9 +90,9 @@ if TYPE_CHECKING:  # pandas only for run_from_records
     import pandas as pd
 
 __all__ = ["FORMATS", "METRICS", "MODES", "BenchRun", "read_bench", "run_from_records", "write_genai_perf",
-           "write_guidellm", "write_vllm_bench"]
+           "write_guidellm", "write_sglang_bench", "write_vllm_bench"]
 
-FORMATS = ("vllm", "guidellm", "genai-perf")
+FORMATS = ("vllm", "sglang", "guidellm", "genai-perf")
 MODES = ("rate", "concurrency", "trace")
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
@@ -107,7 +120,7 @@ class BenchRun:
     """
 
     source: str  # the file path as given
-    format: str  # "vllm" | "guidellm" | "genai-perf" ("batchsim" from run_from_records)
+    format: str  # "vllm" | "sglang" | "guidellm" | "genai-perf" ("batchsim" from run_from_records)
     label: str  # "rate=4.0", "concurrency=16", "poisson@4.0", ...; one per benchmark in the file
     model: str | None  # model id if the file names one
     mode: str  # "rate" (open loop) | "concurrency" (closed loop) | "trace" (arrival times only)
@@ -312,9 +325,11 @@ def _num_label(x: float) -> str:
 
 
 def read_bench(path: PathLike) -> list[BenchRun]:
-    """Every benchmark in a vllm bench serve, GuideLLM or genai-perf result file (format from the contents)."""
+    """Every benchmark in a vllm bench serve, SGLang bench_serving, GuideLLM or genai-perf result file (format
+    from the contents)."""
     where = str(path)
-    expected = "the JSON result of vllm bench serve, GuideLLM (benchmarks.json) or genai-perf (profile_export.json)"
+    expected = ("the JSON result of vllm bench serve, SGLang bench_serving (JSONL), GuideLLM (benchmarks.json) or "
+                "genai-perf (profile_export.json)")
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # NOTE: -sig: a BOM is not an error
     except UnicodeDecodeError as e:
@@ -324,6 +339,8 @@ def read_bench(path: PathLike) -> list[BenchRun]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # several JSON values: SGLang appends one object per run (JSONL)
+            return _read_jsonl(path, text, expected)
         raise _fail(where, f"not JSON ({e.msg} at line {e.lineno} column {e.colno}); expected {expected}") from None
     except RecursionError:
         raise _fail(where, f"JSON nested too deeply; expected {expected}") from None
@@ -333,6 +350,8 @@ def read_bench(path: PathLike) -> list[BenchRun]:
         return _read_guidellm(path, data)
     if "experiments" in data:
         return _read_genai_perf(path, data)
+    if _is_sglang(data):
+        return [_read_vllm(path, data, "sglang")]
     if _VLLM_KEYS & data.keys():
         return [_read_vllm(path, data)]
     keys = ", ".join(list(data)[:8]) + (", ..." if len(data) > 8 else "")
@@ -340,18 +359,46 @@ def read_bench(path: PathLike) -> list[BenchRun]:
                        "vllm has ttfts/itls/request_rate, GuideLLM has benchmarks, genai-perf has experiments")
 
 
-def _read_vllm(path: PathLike, data: dict) -> BenchRun:
-    at = _field(path)
+def _is_sglang(data: dict) -> bool:
+    """SGLang bench_serving's result: its run settings, none of vllm bench serve's own keys."""
+    return "dataset_name" in data and "random_input_len" in data and not {"model_id", "endpoint_type"} & data.keys()
+
+
+def _read_jsonl(path: PathLike, text: str, expected: str) -> list[BenchRun]:
+    """SGLang bench_serving's JSONL: one benchmark object per line."""
+    runs = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {lineno}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _fail(where, f"not JSON ({e.msg} at column {e.colno}); expected one SGLang bench_serving result "
+                               "object per line") from None
+        except RecursionError:
+            raise _fail(where, "JSON nested too deeply; expected one SGLang bench_serving result object") from None
+        if not isinstance(data, dict) or not _is_sglang(data):
+            what = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else "an object without SGLang's keys"
+            raise _fail(where, f"is {what}; expected {expected}: a JSONL file is SGLang bench_serving's, one result "
+                               "object (backend, dataset_name, random_input_len, ...) per line")
+        runs.append(_read_vllm(path, data, "sglang", f"line {lineno}"))
+    return runs
+
+
+def _read_vllm(path: PathLike, data: dict, fmt: str = "vllm", prefix: str = "") -> BenchRun:
+    """vllm bench serve's JSON, or one SGLang bench_serving result (``fmt`` "sglang", the same lists)."""
+    at = _field(path, prefix)
+    tool = ("python -m sglang.benchmark.serving with --output-details" if fmt == "sglang"
+            else "vllm bench serve with --save-result --save-detailed")
     missing = [k for k in _VLLM_DETAILED if k not in data]
     if len(missing) == len(_VLLM_DETAILED):
         summary = [k for k in data if k.endswith("_ms")]
         shown = ", ".join(summary[:4]) + (", ..." if len(summary) > 4 else "") if summary else "none"
         raise _fail(at("input_lens"), "not found: the file has only summary keys (" + shown + "), no per-request "
-                    "lists input_lens, output_lens, ttfts, itls, start_times; re-run vllm bench serve with "
-                    "--save-result --save-detailed")
+                    f"lists input_lens, output_lens, ttfts, itls; re-run {tool}")
     if missing:
-        raise _fail(at(missing[0]), "not found; expected a per-request list, as vllm bench serve "
-                                    "--save-result --save-detailed saves")
+        raise _fail(at(missing[0]), f"not found; expected a per-request list, as {tool} saves")
     inputs = _lst(data["input_lens"], at("input_lens"), "a list with one prompt length per request")
     n = len(inputs)
     if n == 0:
@@ -367,6 +414,10 @@ def _read_vllm(path: PathLike, data: dict) -> BenchRun:
 
     # run settings
     rate_raw = data.get("request_rate", "inf")
+    if fmt == "sglang" and rate_raw == "trace":
+        raise _fail(at("request_rate"), "is \"trace\" (requests sent at a dataset's timestamps): SGLang saves no "
+                                        "send times, so the arrivals cannot be replayed; expected a run with "
+                                        "--max-concurrency or at --request-rate inf")
     if isinstance(rate_raw, str) and rate_raw.strip().lower() in ("inf", "infinity"):
         rate = math.inf
     elif type(rate_raw) in (int, float) and not math.isnan(rate_raw) and rate_raw > 0:
@@ -383,6 +434,9 @@ def _read_vllm(path: PathLike, data: dict) -> BenchRun:
     else:
         mode, label = "trace", "rate=inf"
     model = data.get("model_id")
+    if fmt == "sglang":
+        info = data.get("server_info")
+        model = info.get("model_path") if isinstance(info, dict) else None
     model = model if isinstance(model, str) and model else None
 
     # failed requests: non-empty error text (their other entries are not checked)
@@ -409,17 +463,22 @@ def _read_vllm(path: PathLike, data: dict) -> BenchRun:
     if "start_times" in lists:
         start = _numbers(scrub(lists["start_times"], 0.0), at("start_times"), "a perf_counter time in seconds",
                          nonneg=False)
-    elif conc is not None:  # closed loop: the arrivals follow from the completions, not the file
+    elif conc is not None or not math.isfinite(rate):
+        # closed loop: the arrivals follow from the completions, not the file; an infinite rate sends all at once
         start = np.zeros(n)
+    elif fmt == "sglang":
+        raise _fail(at("request_rate"), f"is {_shown(rate_raw)}: SGLang saves no send times, so a finite-rate run's "
+                                        "arrivals cannot be replayed; expected a run with --max-concurrency or at "
+                                        "--request-rate inf")
     else:
         raise _fail(at("start_times"), "not found (older vllm bench serve, e.g. 0.10, did not save it): "
                                        "the arrival times cannot be replayed; expected per-request send times, "
-                                       "or a closed-loop run (max_concurrency set)")
+                                       "a closed-loop run (max_concurrency set), or an infinite rate")
 
     failed = err | ((out == 0) & (ttft == 0))  # vLLM leaves ttft 0 and output 0 on a failed request
     keep = np.flatnonzero(~failed)
     kept_gaps = np.repeat(~failed, lens)
-    return _make_run(path, "vllm", label, model, mode, None if mode != "rate" else rate, conc,
+    return _make_run(path, fmt, label, model, mode, None if mode != "rate" else rate, conc,
                      start[keep], inp[keep], out[keep], ttft[keep], lat[keep], gaps[kept_gaps], lens[keep],
                      int(failed.sum()), at("latencies" if "latencies" in lists else "itls"), keep)
 
@@ -718,6 +777,53 @@ def write_vllm_bench(path: PathLike, run: BenchRun, *, save_detailed: bool = Tru
         data[f"std_{name}_ms"] = _stat(v, np.std)
         data[f"p99_{name}_ms"] = _stat(v, lambda x: np.percentile(x, 99))
     return _write(path, data)
+
+
+def write_sglang_bench(path: PathLike, runs: Sequence[BenchRun]) -> Path:
+    """``runs`` as ``python -m sglang.benchmark.serving --output-file F --output-details`` appends them: one
+    JSON line each; returns the path. SGLang saves no send times, so only closed-loop runs and runs at an
+    infinite rate (mode ``concurrency`` or ``trace`` with every start 0) can be written."""
+    lines = []
+    for run in runs:
+        n, nf = len(run), run.failed
+        if run.mode == "rate" or (run.mode == "trace" and len(run) and float(run.start.max()) > 0):
+            raise ValueError("SGLang's results hold no send times: only a closed-loop run or one at an infinite "
+                             "rate (every start 0) can be written")
+        duration = _duration(run)
+
+        def tput(x: float) -> float:
+            return x / duration if duration > 0 else 0.0
+
+        data: dict[str, Any] = {
+            "tag": run.label, "backend": "sglang", "dataset_name": "random",
+            "request_rate": math.inf, "max_concurrency": run.concurrency,
+            "sharegpt_output_len": None, "random_input_len": 1024, "random_output_len": 1024,
+            "random_range_ratio": 0.0, "server_info": {"model_path": run.model} if run.model else None,
+            "duration": duration, "completed": n,
+            "total_input_tokens": int(run.input_tokens.sum()), "total_output_tokens": int(run.output_tokens.sum()),
+            "request_throughput": tput(n), "input_throughput": tput(float(run.input_tokens.sum())),
+            "output_throughput": tput(float(run.output_tokens.sum())),
+            "total_throughput": tput(float(run.input_tokens.sum() + run.output_tokens.sum())),
+        }
+        for name, v in (("e2e_latency", run.latency), ("ttft", run.ttft), ("tpot", run.tpot), ("itl", run.itl_gaps)):
+            v = _ms(v)
+            data[f"mean_{name}_ms"] = _stat(v, np.mean)
+            data[f"median_{name}_ms"] = _stat(v, np.median)
+            data[f"std_{name}_ms"] = _stat(v, np.std)
+            for q in (90, 95, 99):
+                data[f"p{q}_{name}_ms"] = _stat(v, lambda x, q=q: np.percentile(x, q))
+        data.update({
+            "input_lens": run.input_tokens.tolist() + [0] * nf,
+            "output_lens": run.output_tokens.tolist() + [0] * nf,
+            "ttfts": run.ttft.tolist() + [0.0] * nf,
+            "itls": [g.tolist() for g in _request_gaps(run)] + [[] for _ in range(nf)],
+            "generated_texts": [""] * (n + nf),
+            "errors": [""] * n + ["request failed (written by batchsim from a failure count)"] * nf,
+        })
+        lines.append(json.dumps(data))  # (math.inf as Infinity, as SGLang's json.dumps writes it)
+    p = Path(path)
+    p.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return p
 
 
 def _guidellm_strategy(run: BenchRun) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def calibrate_command(
     evidence: Annotated[Optional[Path], typer.Option(help="folder for the measurements behind the profile: kernels.csv, steps.csv, facts.json")] = None,
     graphs: GraphsOpt = None,
     refit: Annotated[Optional[Path], typer.Option(help="fit again from an evidence folder instead of timing a device (no torch needed; the device, dtype, model and timing options are then those recorded)")] = None,
-    from_bench: Annotated[Optional[list[Path]], typer.Option("--from-bench", help="fit the host and frontend overhead terms from a real engine's benchmark output instead (repeatable): vllm bench serve --save-result --save-detailed JSON, GuideLLM benchmarks.json, genai-perf profile_export.json; no device, no torch")] = None,
+    from_bench: Annotated[Optional[list[Path]], typer.Option("--from-bench", help="fit the host and frontend overhead terms from a real engine's benchmark output instead (repeatable): vllm bench serve --save-result --save-detailed JSON, SGLang bench_serving --output-details JSONL, GuideLLM benchmarks.json, genai-perf profile_export.json; no device, no torch")] = None,
     hardware: Annotated[str, typer.Option(help="with --from-bench: the profile the engine ran on (name or path); its terms are the starting point")] = "h100-sxm",
     tp: Annotated[int, typer.Option(min=1, help="with --from-bench: tensor-parallel size of the benchmarked deployment")] = 1,
     engine_preset: Annotated[str, typer.Option(help="with --from-bench: the engine's preset (vllm-v1, vllm-v0, sglang, trtllm; 'none': the policy options alone)")] = "vllm-v1",
