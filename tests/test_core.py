@@ -70,6 +70,12 @@ GRAPHS = {
     "v0": {"decode_sizes": [1, 2, 4, *range(8, 257, 8)], "decode_max_context": 3000},
 }
 
+
+def _graphs(name: str, spec: dict) -> dict:
+    """GRAPHS[name] within the policy's token budget (sizes above it are refused: no step reaches them)."""
+    budget = spec.get("max_num_batched_tokens", 8192)
+    return {k: [x for x in v if x <= budget] if isinstance(v, list) else v for k, v in GRAPHS[name].items()}
+
 CASES = [(p, {}) for p in ALL] + [
     ("continuous", {"replicas": 3, "router": "least_kv"}),
     ("continuous", {"replicas": 3, "router": "least_outstanding"}),
@@ -105,10 +111,13 @@ CASES = [(p, {}) for p in ALL] + [
                          "policy": dict(POLICIES["chunked_prefill"], schedule_ahead=True, admission="remaining")}),
     # CUDA-graph padding: vLLM V1's sizes for every step, SGLang's decode and prefill sizes with the 2x limit,
     # vLLM V0's decode-only graphs with a context limit some rows pass
-    *[(p, {"policy": dict(POLICIES[p], cuda_graphs=GRAPHS["vllm"])}) for p in ITERATION],
+    *[(p, {"policy": dict(POLICIES[p], cuda_graphs=_graphs("vllm", POLICIES[p]))}) for p in ITERATION],
     ("chunked_prefill", {"replicas": 2, "router": "least_kv", "tensor_parallel_size": 2,
-                         "policy": dict(POLICIES["chunked_prefill"], cuda_graphs=GRAPHS["sglang"], schedule_ahead=True)}),
-    ("continuous", {"policy": dict(POLICIES["continuous"], cuda_graphs=GRAPHS["v0"])}),
+                         "policy": dict(POLICIES["chunked_prefill"], schedule_ahead=True,
+                                        cuda_graphs=_graphs("sglang", POLICIES["chunked_prefill"]))}),
+    ("continuous", {"policy": dict(POLICIES["continuous"], cuda_graphs=_graphs("v0", POLICIES["continuous"]))}),
+    ("continuous_mixed", {"policy": dict(POLICIES["continuous_mixed"],
+                                         cuda_graphs=_graphs("sglang", POLICIES["continuous_mixed"]))}),
 ]
 
 
@@ -193,7 +202,10 @@ _SPECS = st.one_of(
                                "order": "shortest_prompt_first"},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"])),
     st.builds(lambda s, t, m, a, w, v, h, g: {"name": m, "max_num_seqs": s, "max_num_batched_tokens": t, "admission": a,
-                                              "watermark": w, "victim": v, "schedule_ahead": h, "cuda_graphs": g},
+                                              "watermark": w, "victim": v, "schedule_ahead": h,
+                                              "cuda_graphs": g and {key: [x for x in val if x <= t]
+                                                                    if isinstance(val, list) else val
+                                                                    for key, val in g.items()}},
               st.integers(1, 8), st.integers(64, 400), st.sampled_from(["continuous", "chunked_prefill"]),
               st.sampled_from(["step", "sequence", "completion", "remaining"]), st.sampled_from([0.0, 0.01, 0.1, 0.5]),
               st.sampled_from(["last_admitted", "fewest_decoded"]), st.booleans(),

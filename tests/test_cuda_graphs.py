@@ -50,6 +50,25 @@ def test_sglang_pads_prefills_only_within_twice_their_tokens():
     assert graph_tokens(CudaGraphs(step_sizes=(8,), step_max_padding=2.0), 3, False, 3) == 3
 
 
+@pytest.mark.parametrize("engine", ["python", "core"])
+def test_a_prompts_last_token_is_not_a_decode(engine):
+    # a 17-token prompt in 16-token chunks: its second step computes one prompt token, a prefill step
+    raw = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine": engine,
+           "policy": {"name": "chunked_prefill", "max_num_seqs": 4, "max_num_batched_tokens": 16,
+                      "cuda_graphs": {"decode_sizes": [8], "step_sizes": [16]}},
+           "workload": {"num_requests": 1, "arrival": {"process": "poisson", "rate": 1.0},
+                        "prompt_tokens": {"dist": "fixed", "value": 17}, "output_tokens": {"dist": "fixed", "value": 3}}}
+    sc = scenario_from_dict(raw)
+    parts = build_parts(sc)
+    steps = simulate(sc, parts).steps
+    # (the step records count a one-token row over a context as a decode token; the engine knows it is a prompt's)
+    assert (steps["prefill_tokens"] + steps["decode_tokens"]).tolist() == [16, 1, 1, 1]
+    extra = (steps["flops"] - steps["useful_flops"]).tolist()
+    dense = lambda t: parts.cost.dense_totals(t, 0)[4]  # noqa: E731
+    assert extra[0] == 0 and extra[1] == pytest.approx(dense(16) - dense(1), rel=1e-9)  # the step sizes
+    assert extra[2] == pytest.approx(dense(8) - dense(1), rel=1e-9)  # a decode: the decode sizes
+
+
 def test_vllm_v0_pads_decodes_only_within_its_capture_context():
     g = CudaGraphs(decode_sizes=(1, 2, 4, 8), decode_max_context=8192)
     assert graph_tokens(g, 5, True, 8192) == 8 and graph_tokens(g, 5, True, 8193) == 5
@@ -131,11 +150,30 @@ def test_a_scenario_can_turn_the_presets_graphs_off_and_the_summary_says_so():
     assert knob["from"] == "scenario" and knob["preset_value"]["step_sizes"][-1] == 512
 
 
+def test_sizes_a_step_never_reaches_are_refused_and_bad_knobs_are_not_hidden_by_the_derivation():
+    with pytest.raises(InputError) as e:
+        policies.create_policy({"name": "chunked_prefill", "max_num_batched_tokens": 256,
+                                "cuda_graphs": {"step_sizes": [128, 4096]}})
+    assert "4096 is above max_num_batched_tokens (256)" in str(e.value)
+    for preset in ("vllm-v1", "vllm-v0", "sglang"):  # the bad knob is the error, not the sizes made from it
+        for bad in ({"max_num_seqs": "abc"}, {"max_num_seqs": None}, {"max_num_batched_tokens": "abc"}):
+            with pytest.raises(InputError) as e:
+                policies.create_policy(_scenario(preset, **bad).policy)
+            assert e.value.where == f"policy.{next(iter(bad))}" and "cuda_graphs" not in str(e.value), str(e.value)
+    assert _scenario("sglang", "h100-sxm", 4, max_num_batched_tokens=300).policy["cuda_graphs"]["decode_sizes"][-1] == 288
+
+
 @pytest.mark.parametrize("graphs, expected", [
     ({"decode_sizes": [8, 4]}, "policy.cuda_graphs.decode_sizes: sizes must increase strictly, got 8 then 4"),
-    ({"step_sizes": [0, 4]}, "policy.cuda_graphs.step_sizes: capture sizes must be >= 1, got 0"),
+    ({"step_sizes": [0, 4]}, "policy.cuda_graphs.step_sizes: capture sizes must be integers >= 1, got 0"),
     ({"step_max_padding": 0.5}, "policy.cuda_graphs.step_max_padding: step_max_padding must be 0 (no limit) or a "
-                                "factor >= 1, got 0.5"),
+                                "factor from 1 to 1e6, got 0.5"),
+    ({"step_max_padding": float("inf")}, "policy.cuda_graphs.step_max_padding: step_max_padding must be 0 (no limit) "
+                                         "or a factor from 1 to 1e6, got inf"),
+    ({"decode_sizes": [True, 2]}, "policy.cuda_graphs.decode_sizes: capture sizes must be integers >= 1, got True"),
+    ({"decode_max_context": True}, "policy.cuda_graphs.decode_max_context: decode_max_context must be an integer "
+                                   "from 0 (no limit) to 2^40, got True"),
+    ({"step_sizes": list(range(1, 3000))}, "policy.cuda_graphs.step_sizes: at most 2048 capture sizes, got 2999"),
     ({"sizes": [1]}, "policy.cuda_graphs.sizes: unknown knob for cuda_graphs of policy 'continuous' (got [1]); "
                      "expected one of decode_sizes, step_sizes, step_max_padding, decode_max_context"),
 ])

@@ -927,19 +927,19 @@ static int apply_admission(core_t *s, replica_t *r) {
     return 0;
 }
 
-static int64_t graph_tokens(const core_recipe_t *g, int64_t tokens, int one_token_rows, int64_t longest) {
+static int64_t graph_tokens(const core_recipe_t *g, int64_t tokens, int decode_only, int64_t longest) {
     /* batchsim/policies/step.py graph_tokens: the smallest capture size >= tokens, or tokens (eager) */
-    const int64_t *sizes = one_token_rows ? g->gdec : g->gstep;
-    int64_t n = one_token_rows ? g->n_gdec : g->n_gstep;
+    const int64_t *sizes = decode_only ? g->gdec : g->gstep;
+    int64_t n = decode_only ? g->n_gdec : g->n_gstep;
     if (!n || tokens > sizes[n - 1]) return tokens;
-    if (one_token_rows && g->g_max_ctx && longest > g->g_max_ctx) return tokens;
+    if (decode_only && g->g_max_ctx && longest > g->g_max_ctx) return tokens;
     int64_t lo = 0, hi = n - 1;  /* bisect_left */
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
         if (sizes[mid] < tokens) lo = mid + 1; else hi = mid;
     }
     int64_t padded = sizes[lo];
-    if (!one_token_rows && g->g_max_pad != 0.0 && (double)padded > g->g_max_pad * (double)tokens) return tokens;
+    if (!decode_only && g->g_max_pad != 0.0 && (double)padded > g->g_max_pad * (double)tokens) return tokens;
     return padded;
 }
 
@@ -948,13 +948,14 @@ static int grow_and_shape(core_t *s, replica_t *r) {
      * shapes' sums (scalars, not a struct through a pointer: the loop is the hot path) */
     int64_t bT = 0, bqkv = 0, bqq = 0, bkv = 0, bnd = 0, bcd = 0, bs_ = 0;  /* billed */
     int64_t uT = 0, uqkv = 0, uqq = 0, ukv = 0, und = 0, ucd = 0, us_ = 0;  /* useful */
-    int64_t rec_decode = 0, billed = r->billed, reserve = r->reserve, longest = 0;
+    int64_t rec_decode = 0, billed = r->billed, reserve = r->reserve, longest = 0, not_decodes = 0;
     int completion = !s->padded && s->rc.admission == ADM_COMPLETION;
     for (int64_t j = 0; j < r->nrows; j++) {
         int64_t rid = r->rows_rid[j], q = r->rows_q[j];
         int64_t c = s->num_computed[rid], total = c + q;
         if (q < 1 || total > s->num_tokens[rid]) return CORE_ERR_INTERNAL;
-        if (total > longest) longest = total;  /* (StepBuilder.longest) */
+        if (total > longest) longest = total;  /* (StepBuilder.longest, .not_decodes) */
+        if (q != 1 || !is_decode(s, rid)) not_decodes++;
         if (reserve > total) total = reserve;
         /* admission 'completion': an admission's plan reserve (a running row already holds as much) */
         if (completion && s->prompt[rid] + s->output[rid] > total) total = s->prompt[rid] + s->output[rid];
@@ -987,7 +988,7 @@ static int grow_and_shape(core_t *s, replica_t *r) {
     u->kv_read = ukv; u->sampled = us_;
     b->D = bT; u->D = uT;
     if (!s->padded && (s->rc.n_gdec || s->rc.n_gstep) && r->nrows)  /* StepBuilder.plan's graph_tokens */
-        b->D = graph_tokens(&s->rc, uT, uT == r->nrows, longest);
+        b->D = graph_tokens(&s->rc, uT, !not_decodes, longest);
     r->rec_decode = rec_decode;
     return 0;
 }
@@ -1693,27 +1694,28 @@ static const char CORE_RULES[] =
     "batchsim.policies.rules.RecipePolicy.make_recipe 9a0a8dadd801\n"
     "batchsim.policies.rules.RecipePolicy.schedule 2c354dc0661b\n"
     "batchsim.policies.rules.interpret 3a8b138511a5\n"
-    "batchsim.policies.step.CudaGraphsConfig._factor 7684d9036786\n"
-    "batchsim.policies.step.CudaGraphsConfig._sizes 2eb347b5018a\n"
+    "batchsim.policies.step.CudaGraphsConfig._context 7af5558b7d34\n"
+    "batchsim.policies.step.CudaGraphsConfig._factor 1e10ad175d92\n"
+    "batchsim.policies.step.CudaGraphsConfig._sizes 001e342a59d6\n"
     "batchsim.policies.step.CudaGraphsConfig.value 72147a1a50ab\n"
     "batchsim.policies.step.IterationConfig._budget_covers_decodes b4f4625fe70b\n"
+    "batchsim.policies.step.IterationConfig._graphs_within_budget 4a967687b5b8\n"
     "batchsim.policies.step.IterationConfig.recipe 40311d9b80f4\n"
     "batchsim.policies.step.QUEUE_ORDERS[fcfs] 3a680781d8d8\n"
     "batchsim.policies.step.QUEUE_ORDERS[shortest_prompt_first] f34aea5ac454\n"
-    "batchsim.policies.step.StepBuilder.__init__ b3d6c8d1533c\n"
+    "batchsim.policies.step.StepBuilder.__init__ 59fe57fd0784\n"
     "batchsim.policies.step.StepBuilder._future 821a3f0cb7f9\n"
     "batchsim.policies.step.StepBuilder._preempt 0344c4a94cde\n"
-    "batchsim.policies.step.StepBuilder._try 492eaa7416ac\n"
+    "batchsim.policies.step.StepBuilder._try fd2524c3f1b0\n"
     "batchsim.policies.step.StepBuilder._unscheduled 4f3faed685d3\n"
     "batchsim.policies.step.StepBuilder._whole 1ce602732704\n"
     "batchsim.policies.step.StepBuilder.admit 750b7109e1b3\n"
-    "batchsim.policies.step.StepBuilder.plan 683bbf4dc9f5\n"
+    "batchsim.policies.step.StepBuilder.plan c3f1bdaa63c5\n"
     "batchsim.policies.step.StepBuilder.schedule_decodes 7979d6ed5e0e\n"
     "batchsim.policies.step.StepBuilder.schedule_partial_prefills e0b1461266e4\n"
     "batchsim.policies.step.VICTIM_RULES[fewest_decoded] b5291db325fd\n"
     "batchsim.policies.step.VICTIM_RULES[last_admitted] d22a48bbf70c\n"
-    "batchsim.policies.step._strictly_increasing 1cf032234136\n"
-    "batchsim.policies.step.graph_tokens 4f94baa9fbce\n"
+    "batchsim.policies.step.graph_tokens 6999fa43ccca\n"
     "batchsim.policies.step.over_budget ea39c77b4d54\n"
     "batchsim.policies.step.over_watermark c8364d4bb38a\n"
     "batchsim.policies.step.run_iteration 470712bcaf43\n"
@@ -1866,7 +1868,6 @@ static const char CORE_RULES[] =
     "bind:batchsim.policies.step.ReplicaView 0e32e5ca79c7\n"
     "bind:batchsim.policies.step.SeqView 024e7eaf38aa\n"
     "bind:batchsim.policies.step.StepBuilder 10395b3bd777\n"
-    "bind:batchsim.policies.step._strictly_increasing b87f6354d307\n"
     "bind:batchsim.policies.step.graph_tokens a165786380d8\n"
     "bind:batchsim.policies.step.held_blocks 9286315e6093\n"
     "bind:batchsim.policies.step.last_admitted fa5bcbf237ff\n"
@@ -1926,6 +1927,7 @@ static const char CORE_RULES[] =
     "const:batchsim.policies.recipe.MOVES dc7bfba81d3f\n"
     "const:batchsim.policies.recipe.ORDERS 28cfbea2e65d\n"
     "const:batchsim.policies.recipe.VICTIMS 3c08df52c6b9\n"
+    "const:batchsim.policies.step.MAX_GRAPH_CONTEXT 2aae49a91708\n"
     "const:batchsim.policies.step.MAX_GRAPH_SIZES bfa0ec8bdf29\n"
     "const:batchsim.policies.step.REMAINING_CLIP 8b926d75599a\n"
     "const:batchsim.policies.step.RETRACT_FIRST f71d36f9a9ca\n"
@@ -1955,9 +1957,9 @@ static const char CORE_RULES[] =
     "file:batchsim.policies.base 3ab778e584ef\n"
     "file:batchsim.policies.ordering 71898a807d46\n"
     "file:batchsim.policies.padded c5589f2000ce\n"
-    "file:batchsim.policies.recipe 644c6ee3866c\n"
+    "file:batchsim.policies.recipe 5088a8a5b45b\n"
     "file:batchsim.policies.rules 1eb5a46266d9\n"
-    "file:batchsim.policies.step e00acf97f2fd\n"
+    "file:batchsim.policies.step db50b5974549\n"
     "file:batchsim.sim.engine 55f303ade718\n"
     "file:batchsim.sim.frontend 63d99c48c977\n"
     "file:batchsim.sim.kv 6c2b0855f1e3\n"

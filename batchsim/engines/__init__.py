@@ -105,11 +105,34 @@ def _context(scenario, policy: dict) -> int:
     return int(asked) if isinstance(asked, int) and not isinstance(asked, bool) else model_len
 
 
-def _vllm_v1_graphs(policy: dict, hw) -> dict:
+def _count(policy: dict, key: str, default: int) -> int | None:
+    """``policy[key]`` as the policy's validation will read it, if it is a count >= 1; None otherwise (the
+    knob's own check then names it: a size list derived from a bad value would only add a second error)."""
+    v = policy.get(key, default)
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+
+
+def _blackwell(hw) -> bool:
+    """vLLM's ``is_device_capability_family(100)``: data-centre Blackwell (B200, GB200, B300, GB300)."""
+    name = hw.name.lower()
+    return any(x in name for x in ("b200", "b300"))
+
+
+def _rocm(hw) -> bool:
+    """An AMD Instinct GPU (ROCm/HIP), by the profile's name."""
+    name = hw.name.lower()
+    return name.startswith("mi") or any(x in name for x in ("instinct", "-mi", "amd", "rocm"))
+
+
+def _vllm_v1_graphs(policy: dict, hw) -> dict | None:
     """vLLM 0.33.0 VllmConfig._set_cudagraph_sizes (config/vllm.py:2446-2600) at its defaults (no
     speculative decoding, performance_mode 'balanced'): one list of token counts for every step."""
-    seqs, tokens = int(policy.get("max_num_seqs", 256)), int(policy.get("max_num_batched_tokens", 8192))
-    default_max = 1024 if "b200" in hw.name.lower() else 512  # (capability family 100: data-centre Blackwell)
+    seqs, tokens = _count(policy, "max_num_seqs", 256), _count(policy, "max_num_batched_tokens", 8192)
+    if seqs is None or tokens is None:
+        return None
+    default_max = 1024 if _blackwell(hw) else 512  # (capability family 100: data-centre Blackwell)
     top = min(seqs * 2, default_max)
     decode = [seqs] if seqs <= top else []
     top = min(tokens, top)
@@ -124,16 +147,19 @@ def _vllm_v1_graphs(policy: dict, hw) -> dict:
     return {"decode_sizes": sizes, "step_sizes": sizes}
 
 
-def _vllm_v0_graphs(policy: dict) -> dict:
+def _vllm_v0_graphs(policy: dict) -> dict | None:
     """vLLM 0.7.3: decode-only batches, sizes [1, 2, 4] + 8i up to the first at least max_num_seqs,
     every context at most max_seq_len_to_capture 8192 (config.py:3340-3400; worker/model_runner.py:762-818)."""
-    seqs = int(policy.get("max_num_seqs", 256))
+    seqs, tokens = _count(policy, "max_num_seqs", 256), _count(policy, "max_num_batched_tokens", 2048)
+    if seqs is None or tokens is None:
+        return None
     possible = [1, 2, 4] + [8 * i for i in range(1, 1025)]
     top = next((x for x in possible if x >= seqs), possible[-1])
-    return {"decode_sizes": [x for x in possible if x <= top], "decode_max_context": 8192}
+    # (a size above the token budget is never reached: batchsim's steps stay within it)
+    return {"decode_sizes": [x for x in possible if x <= top and x <= tokens], "decode_max_context": 8192}
 
 
-def _sglang_graphs(policy: dict, hw, tp: int, model: str, running: int | None) -> dict:
+def _sglang_graphs(policy: dict, hw, tp: int, model: str, running: int | None) -> dict | None:
     """SGLang 0.5.23: decode max_bs by GPU memory and TP (arg_groups/memory_hook.py:88-175), decode sizes
     (arg_groups/cuda_graph_hook.py:500-532); prefill (breakable graphs, on CUDA only) token buckets up to
     chunked_prefill_size (cuda_graph_hook.py:480-497; memory_hook.py:232-236), replayed only within 2x
@@ -156,13 +182,15 @@ def _sglang_graphs(policy: dict, hw, tp: int, model: str, running: int | None) -
     decode = [b for b in decode if b <= max_bs]
     if max_bs not in decode:
         decode.append(max_bs)
-    chunk = int(policy.get("max_num_batched_tokens", 8192))
-    if "llama-2" in model.lower():  # (memory_hook.py:258-263: Llama-2 prefill graphs stop at 4096 tokens)
-        chunk = min(chunk, 4096)
+    budget = _count(policy, "max_num_batched_tokens", 8192)
+    if budget is None:
+        return None
+    chunk = min(budget, 4096) if "llama-2" in model.lower() else budget  # (memory_hook.py:258-263)
     prefill = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(range(576, 1025, 64))
                + list(range(1280, 4097, 256)) + list(range(4608, chunk + 1, 512)))
-    prefill = [t for t in prefill if t <= chunk] if "mi" not in hw.name.lower()[:2] else []  # (HIP: no prefill graphs)
-    return {"decode_sizes": sorted(decode), "step_sizes": prefill, "step_max_padding": 2.0}
+    prefill = [t for t in prefill if t <= chunk] if not _rocm(hw) else []  # (HIP: no prefill graphs)
+    # (batchsim's decode steps share the chunk budget: a decode size above it is never reached)
+    return {"decode_sizes": [b for b in sorted(decode) if b <= budget], "step_sizes": prefill, "step_max_padding": 2.0}
 
 
 def _derive(kind: str, scenario, policy: dict, hw=None):
@@ -172,9 +200,8 @@ def _derive(kind: str, scenario, policy: dict, hw=None):
     if kind == "vllm_v0_cuda_graphs":
         return _vllm_v0_graphs(policy)
     if kind == "sglang_cuda_graphs":
-        running = _user_policy(scenario).get("max_num_seqs")
-        return _sglang_graphs(policy, hw, int(scenario.tensor_parallel_size), str(scenario.model),
-                              int(running) if isinstance(running, int) and not isinstance(running, bool) else None)
+        running = _count(_user_policy(scenario), "max_num_seqs", 0)
+        return _sglang_graphs(policy, hw, int(scenario.tensor_parallel_size), str(scenario.model), running)
     if kind == "max_model_len_at_least_2048":  # vLLM V0: without chunked prefill; with it (> 32K), 2048
         return 2048 if policy.get("name") == "chunked_prefill" else max(_context(scenario, policy), 2048)
     # SGLang: min(clamp(int(token_capacity / context_len * 512), 2048, 4096), token_capacity // 2),
@@ -182,9 +209,10 @@ def _derive(kind: str, scenario, policy: dict, hw=None):
     from batchsim.app.runner import build_cost
 
     cost = build_cost(scenario)
-    budget = int(policy.get("max_num_batched_tokens", 8192))
-    cap = cost.kv_capacity_tokens(float(policy.get("gpu_memory_utilization", 0.9)),
-                                  max_num_batched_tokens=budget, max_num_seqs=2048)
+    budget = _count(policy, "max_num_batched_tokens", 8192) or 8192  # (a bad value: its own check names it)
+    util = policy.get("gpu_memory_utilization", 0.9)
+    util = float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1 else 0.9
+    cap = cost.kv_capacity_tokens(util, max_num_batched_tokens=budget, max_num_seqs=2048)
     running = min(max(int(cap / _context(scenario, policy) * 512), 2048), 4096)
     return max(1, min(running, cap // 2, budget))
 

@@ -74,8 +74,8 @@ step's finished sequences free is seen by the plan after next too.
 
 With ``cuda_graphs`` (:class:`CudaGraphs`) the step's dense operators run padded to the
 engine's CUDA-graph capture sizes, as vLLM's and SGLang's graph replays run them: a step of
-``T`` tokens runs them at the smallest capture size ``>= T`` (a step whose every row is one
-token uses ``decode_sizes``, any other step ``step_sizes``), and at ``T`` itself above the
+``T`` tokens runs them at the smallest capture size ``>= T`` (a step whose every row is a
+decode uses ``decode_sizes``, any other step ``step_sizes``), and at ``T`` itself above the
 largest size or where the engine runs the step eagerly (the plan's ``graph_tokens``;
 batchsim.policies.step.graph_tokens states the rule). Attention and the LM head run on the
 real rows.
@@ -158,10 +158,10 @@ MAX_GRAPH_SIZES = 2048
 class CudaGraphs:
     """The token counts an engine captured CUDA graphs at, and when it replays them.
 
-    ``decode_sizes`` serve steps whose every row is one token, ``step_sizes`` every other step
+    ``decode_sizes`` serve steps whose every row is a decode, ``step_sizes`` every other step
     (either may be empty: such steps run eagerly, unpadded). ``step_max_padding`` (> 0) runs a
     step eagerly when its size would exceed that multiple of its tokens (SGLang's prefill
-    graphs: 2); ``decode_max_context`` (> 0) runs a one-token-rows step eagerly when a row's
+    graphs: 2); ``decode_max_context`` (> 0) runs a decode step eagerly when a row's
     context after the step exceeds it (vLLM V0's ``max_seq_len_to_capture``).
     """
 

@@ -56,28 +56,26 @@ def over_watermark(tokens: int, blocks: int, total: int, watermark: int) -> str:
             f"allocated at admission (the watermark keeps {watermark} free)")
 
 
-def graph_tokens(graphs: CudaGraphs, tokens: int, one_token_rows: bool, longest: int) -> int:
+def graph_tokens(graphs: CudaGraphs, tokens: int, decode_only: bool, longest: int) -> int:
     """The tokens a step of ``tokens`` runs its dense operators at under ``graphs``: the smallest
-    capture size of its kind at least ``tokens`` (vLLM V1 ``CudagraphDispatcher.dispatch``; SGLang
-    ``_pad_to_bucket``), or ``tokens`` itself where the engine runs the step eagerly: above the
-    largest size, a padding past ``step_max_padding`` (SGLang's prefill graphs), a row's context
-    (``longest``, after the step) past ``decode_max_context`` (vLLM V0)."""
-    sizes = graphs.decode_sizes if one_token_rows else graphs.step_sizes
+    capture size of its kind (``decode_sizes`` when every row is a decode, else ``step_sizes``) at
+    least ``tokens`` (vLLM V1 ``CudagraphDispatcher.dispatch``; SGLang ``_pad_to_bucket``), or
+    ``tokens`` itself where the engine runs the step eagerly: above the largest size, a padding past
+    ``step_max_padding`` (SGLang's prefill graphs), a row's context (``longest``, after the step)
+    past ``decode_max_context`` (vLLM V0)."""
+    sizes = graphs.decode_sizes if decode_only else graphs.step_sizes
     if not sizes or tokens > sizes[-1]:
         return tokens
-    if one_token_rows and graphs.decode_max_context and longest > graphs.decode_max_context:
+    if decode_only and graphs.decode_max_context and longest > graphs.decode_max_context:
         return tokens
     padded = sizes[bisect_left(sizes, tokens)]
-    if not one_token_rows and graphs.step_max_padding and padded > graphs.step_max_padding * tokens:
+    if not decode_only and graphs.step_max_padding and padded > graphs.step_max_padding * tokens:
         return tokens
     return padded
 
 
-def _strictly_increasing(v: tuple[int, ...]) -> tuple[int, ...]:
-    for a, b in zip(v, v[1:]):
-        if not a < b:
-            raise ValueError(f"sizes must increase strictly, got {a} then {b}")
-    return v
+# the largest context decode_max_context may name (beyond any model's)
+MAX_GRAPH_CONTEXT = 1 << 40
 
 
 class CudaGraphsConfig(BaseModel):
@@ -85,31 +83,45 @@ class CudaGraphsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     decode_sizes: tuple[int, ...] = Field(
-        (), max_length=MAX_GRAPH_SIZES,
-        description="Capture sizes of steps whose every row is one token (decodes), increasing.")
+        (), description="Capture sizes of steps whose every row is a decode, increasing, at most "
+                        "max_num_batched_tokens.")
     step_sizes: tuple[int, ...] = Field(
-        (), max_length=MAX_GRAPH_SIZES,
-        description="Capture sizes of every other step (prefills, mixed steps), increasing; empty: eager.")
+        (), description="Capture sizes of every other step (prefills, mixed steps), increasing, at most "
+                        "max_num_batched_tokens; empty: eager.")
     step_max_padding: float = Field(
-        0.0, ge=0, description="Run a non-decode step eagerly when its capture size exceeds this multiple of "
-                               "its tokens (SGLang's prefill graphs: 2); 0: no limit.")
+        0.0, description="Run a non-decode step eagerly when its capture size exceeds this multiple of "
+                         "its tokens (SGLang's prefill graphs: 2); 0: no limit.")
     decode_max_context: int = Field(
-        0, ge=0, description="Run a decode step eagerly when a row's context exceeds this (vLLM V0 "
-                             "max_seq_len_to_capture); 0: no limit.")
+        0, description="Run a decode step eagerly when a row's context exceeds this (vLLM V0 "
+                       "max_seq_len_to_capture); 0: no limit.")
 
-    @field_validator("decode_sizes", "step_sizes")
+    @field_validator("decode_sizes", "step_sizes", mode="before")
     @classmethod
-    def _sizes(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+    def _sizes(cls, v):
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"expected a list of capture sizes (integers >= 1), got {v!r}")
+        if len(v) > MAX_GRAPH_SIZES:
+            raise ValueError(f"at most {MAX_GRAPH_SIZES} capture sizes, got {len(v)}")
         for x in v:
-            if x < 1:
-                raise ValueError(f"capture sizes must be >= 1, got {x}")
-        return _strictly_increasing(v)
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise ValueError(f"capture sizes must be integers >= 1, got {x!r}")
+        for a, b in zip(v, v[1:]):
+            if not a < b:
+                raise ValueError(f"sizes must increase strictly, got {a} then {b}")
+        return tuple(v)
 
-    @field_validator("step_max_padding")
+    @field_validator("step_max_padding", mode="before")
     @classmethod
-    def _factor(cls, v: float) -> float:
-        if 0 < v < 1:
-            raise ValueError(f"step_max_padding must be 0 (no limit) or a factor >= 1, got {v}")
+    def _factor(cls, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v == 0 or 1 <= v <= 1e6):
+            raise ValueError(f"step_max_padding must be 0 (no limit) or a factor from 1 to 1e6, got {v!r}")
+        return float(v)
+
+    @field_validator("decode_max_context", mode="before")
+    @classmethod
+    def _context(cls, v):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_GRAPH_CONTEXT:
+            raise ValueError(f"decode_max_context must be an integer from 0 (no limit) to 2^40, got {v!r}")
         return v
 
     def value(self) -> CudaGraphs:
@@ -160,6 +172,20 @@ class IterationConfig(PolicyConfig):
                                schedule_ahead=self.schedule_ahead,
                                cuda_graphs=self.cuda_graphs.value() if self.cuda_graphs is not None else None)
 
+    @field_validator("cuda_graphs")
+    @classmethod
+    def _graphs_within_budget(cls, v: CudaGraphsConfig | None, info: ValidationInfo) -> CudaGraphsConfig | None:
+        # A step never has more tokens than the budget, so no graph larger is replayed (vLLM keeps only
+        # capture sizes <= max_num_batched_tokens: config/vllm.py:2566-2571).
+        cap = info.data.get("max_num_batched_tokens")
+        if v is not None and cap is not None:
+            for name in ("decode_sizes", "step_sizes"):
+                sizes = getattr(v, name)
+                if sizes and sizes[-1] > cap:
+                    raise ValueError(f"{name}: {sizes[-1]} is above max_num_batched_tokens ({cap}); a step never "
+                                     "has more tokens, so no larger graph is replayed (vLLM drops such sizes)")
+        return v
+
     @field_validator("max_num_batched_tokens")
     @classmethod
     def _budget_covers_decodes(cls, v: int, info: ValidationInfo) -> int:
@@ -208,6 +234,7 @@ class StepBuilder:
         self.victim = victim
         self.num_tokens: dict[int, int] = {}
         self.longest = 0  # the longest scheduled row's context after the step
+        self.not_decodes = 0  # scheduled rows that are not decodes (a prompt's tokens)
         self.preempted: list[int] = []
         self.release: list[int] = []
         self.reject: dict[int, str] = {}
@@ -235,6 +262,8 @@ class StepBuilder:
         self.num_tokens[seq.rid] = q
         if total > self.longest:
             self.longest = total
+        if q != 1 or not seq.num_generated or seq.num_tokens - seq.num_computed != 1:  # (schedule_decodes' test)
+            self.not_decodes += 1
         return True
 
     def _preempt(self, seq: SeqView) -> None:
@@ -375,7 +404,7 @@ class StepBuilder:
         padded = 0
         if graphs is not None and self.num_tokens:
             tokens = sum(self.num_tokens.values())
-            padded = graph_tokens(graphs, tokens, tokens == len(self.num_tokens), self.longest)
+            padded = graph_tokens(graphs, tokens, not self.not_decodes, self.longest)
             if padded == tokens:
                 padded = 0
         return BatchPlan(num_tokens=self.num_tokens, preempt=preempt, release=tuple(self.release),
