@@ -188,3 +188,15 @@ def test_the_run_table_shows_the_sizes_in_one_line():
 
     (line,) = preset_lines([{"engine_preset": preset_report(_scenario("vllm-v1"))}])
     assert "cuda_graphs={decode_sizes: [51 sizes 1..512], step_sizes: [51 sizes 1..512]}" in line
+
+
+def test_a_calibration_prices_the_executors_graph_steps_padded_as_they_ran():
+    from batchsim.app.validate import as_run
+
+    three = StepShape.of([(1, 100)] * 3)
+    for mode in ("graph", "capture+graph", "static"):  # the executor's static layout pads to 4 rows
+        ran = as_run(three, mode)
+        assert (ran.dense_tokens, ran.sampled, ran.num_rows) == (4, 4, 3)
+    for mode in (None, "eager", "eager+graph"):
+        assert as_run(three, mode) is three
+    assert as_run(StepShape.of([(1, 100)] * 8), "graph").dense_tokens == 0  # a capture size: nothing to pad

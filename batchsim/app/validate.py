@@ -31,6 +31,7 @@ from batchsim.calibrate.fit import Sample, fit_efficiency, fit_host, held_out_er
 from batchsim.calibrate.hardware import Efficiency, HardwareProfile, HostOverhead, load_hardware
 from batchsim.calibrate.models import ModelSpec, load_model
 from batchsim.sim.errors import InputError
+from batchsim.sim.types import StepShape
 
 __all__ = ["Calibration", "calibrate_device", "fit_calibration", "write_evidence", "read_evidence", "POLICIES",
            "Validation", "validate", "replay", "write_validation", "DEFAULT_MODELS", "METRICS", "TOL_P99"]
@@ -161,6 +162,20 @@ def _raised(samples: Sequence[Sample], f: dict) -> tuple[float, float]:
             max(f["bw"], max(s.bytes / x for s, x in zip(samples, t))))
 
 
+def as_run(shape: StepShape, mode: str | None) -> StepShape:
+    """``shape`` as the reference executor ran it: a pure-decode step on its static layout (``mode``
+    static, capture or graph: batchsim.calibrate.graphs) is padded to the capture size, and its
+    projections, MLP and LM head compute the padding rows too (their attention reads one token)."""
+    if not mode or not set(mode.split("+")) <= {"static", "capture", "graph"}:
+        return shape
+    from batchsim.calibrate.graphs import capture_size
+
+    padded = capture_size(shape.num_rows)
+    if padded is None or padded == shape.num_rows:
+        return shape
+    return StepShape(q=shape.q, kv=shape.kv, sampled=padded, dense_tokens=padded)
+
+
 def fit_calibration(samples: list[Sample], f: dict, name: str | None = None, seconds: float = 0.0) -> Calibration:
     """Fit the profile to timed kernels and whole steps: the device-free half of a calibration.
 
@@ -178,16 +193,17 @@ def fit_calibration(samples: list[Sample], f: dict, name: str | None = None, sec
     eff = fit_efficiency(samples, f["P"], f["W"], f["launch"])
     profile = _assemble(name or _slug(f["kind"], f["device"]), eff, f, HostOverhead(per_step_us=0, per_seq_us=0),
                         f["memory_gib"])
-    train = [(shape, wall) for shape, held, wall in f["steps"] if not held]
+    modes = f.get("step_modes") or [None] * len(f["steps"])  # (evidence from before the graph path: none)
+    ran = [as_run(s, mode) for (s, _, _), mode in zip(f["steps"], modes)]
+    train = [(shape, wall) for shape, (_, held, wall) in zip(ran, f["steps"]) if not held]
     cm = RooflineCostModel(spec, profile, dtype=dtype)
     host = fit_host([s for s, _ in train], [w for _, w in train], [cm.price(s).seconds for s, _ in train])
     profile = _assemble(profile.name, eff, f, host, profile.memory_gib)
     cm = RooflineCostModel(spec, profile, dtype=dtype)
-    modes = f.get("step_modes") or [None] * len(f["steps"])  # (evidence from before the graph path: none)
     steps = [{"step": i, **dict(zip(("rows", "tokens", "context"), step_size(s))),
-              "held_out": held, "measured_s": w, "predicted_s": cm.price(s).seconds,
+              "held_out": held, "measured_s": w, "predicted_s": cm.price(r).seconds,
               **({"mode": mode} if mode is not None else {})}
-             for i, ((s, held, w), mode) in enumerate(zip(f["steps"], modes))]
+             for i, ((s, held, w), r, mode) in enumerate(zip(f["steps"], ran, modes))]
     held = held_out_error(profile, samples, dtype)
     held["steps"] = _step_error(steps)
     cal = dict(profile.provenance["calibration"], held_out_error=held)
