@@ -150,6 +150,17 @@ def test_sglang_round_trip_one_line_per_run(tmp_path):
     assert [r.label for r in read_bench(single)] == ["concurrency=16"]
 
 
+def test_vllm_append_result_lines_are_runs(tmp_path):
+    # vllm bench serve --append-result: a newline, then each run's JSON, in one file
+    a, b = make_run("rate=4.0", "rate", 4.0), make_run("concurrency=8", "concurrency", None, 8, seed=2)
+    pa, pb = write_vllm_bench(tmp_path / "a.json", a), write_vllm_bench(tmp_path / "b.json", b)
+    path = tmp_path / "appended.json"
+    path.write_text(pa.read_text() + "\n" + pb.read_text())
+    got = read_bench(path)
+    assert [(r.format, r.label) for r in got] == [("vllm", "rate=4.0"), ("vllm", "concurrency=8")]
+    assert_columns(got[0], a, atol=1e-9)
+
+
 def test_sglang_runs_whose_arrivals_are_not_in_the_file_are_named(tmp_path):
     path = write_sglang_bench(tmp_path / "s.jsonl", [make_run("concurrency=4", "concurrency", None, 4)])
     data = json.loads(path.read_text())
@@ -168,7 +179,7 @@ def test_sglang_bad_lines_are_named_by_line(tmp_path):
     good = write_sglang_bench(tmp_path / "s.jsonl", [make_run("concurrency=4", "concurrency", None, 4)])
     first = good.read_text().splitlines()[0]
     for second, text in (("{not json", "not JSON"), ("[1, 2]", "is a JSON list"),
-                         ('{"backend": "x"}', "an object without SGLang's keys")):
+                         ('{"backend": "x"}', "an object of neither tool")):
         path = tmp_path / "bad.jsonl"
         path.write_text(first + "\n\n" + second + "\n")
         with pytest.raises(InputError) as e:

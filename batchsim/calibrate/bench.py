@@ -43,7 +43,9 @@ checks can build files without downloading any):
     ``generated_texts`` and ``errors``. It saves no send times and no
     latencies (latency = ttft + sum of the gaps): a closed-loop run
     (``max_concurrency``) or one at an infinite rate (every request sent at
-    once) can be replayed, a finite-rate run cannot.
+    once) can be replayed, a finite-rate run cannot. (``vllm bench serve
+    --append-result`` writes a JSONL file too, one vllm result per line; both
+    are read line by line.)
 ``genai-perf``
     genai-perf 0.0.16 ``profile_export.json``, written by perf_analyzer:
     ``experiments[]``, each with ``experiment`` {``mode``: ``"concurrency"``
@@ -365,7 +367,9 @@ def _is_sglang(data: dict) -> bool:
 
 
 def _read_jsonl(path: PathLike, text: str, expected: str) -> list[BenchRun]:
-    """SGLang bench_serving's JSONL: one benchmark object per line."""
+    """One benchmark object per line: SGLang bench_serving's output file, or vllm bench serve's with
+    ``--append-result``."""
+    one = "one SGLang bench_serving or vllm bench serve (--append-result) result object per line"
     runs = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -374,15 +378,16 @@ def _read_jsonl(path: PathLike, text: str, expected: str) -> list[BenchRun]:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as e:
-            raise _fail(where, f"not JSON ({e.msg} at column {e.colno}); expected one SGLang bench_serving result "
-                               "object per line") from None
+            raise _fail(where, f"not JSON ({e.msg} at column {e.colno}); expected {one}") from None
         except RecursionError:
-            raise _fail(where, "JSON nested too deeply; expected one SGLang bench_serving result object") from None
-        if not isinstance(data, dict) or not _is_sglang(data):
-            what = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else "an object without SGLang's keys"
-            raise _fail(where, f"is {what}; expected {expected}: a JSONL file is SGLang bench_serving's, one result "
-                               "object (backend, dataset_name, random_input_len, ...) per line")
-        runs.append(_read_vllm(path, data, "sglang", f"line {lineno}"))
+            raise _fail(where, f"JSON nested too deeply; expected {one}") from None
+        if isinstance(data, dict) and _is_sglang(data):
+            runs.append(_read_vllm(path, data, "sglang", f"line {lineno}"))
+        elif isinstance(data, dict) and _VLLM_KEYS & data.keys():
+            runs.append(_read_vllm(path, data, "vllm", f"line {lineno}"))
+        else:
+            what = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else "an object of neither tool"
+            raise _fail(where, f"is {what}; expected {expected}: a file of several JSON values holds {one}")
     return runs
 
 
