@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 import torch
 
 from batchsim.calibrate.kernels import bucket
+from batchsim.engines import vllm_v1_capture_sizes
 
 __all__ = ["CAPTURE_SIZES", "KV_MIN", "KV_PER_OCTAVE", "MODES", "capture_size", "kv_bucket", "kv_buckets",
            "decode_key", "scratch_ids", "DecodeGraphs", "summary", "describe"]
@@ -48,9 +49,10 @@ __all__ = ["CAPTURE_SIZES", "KV_MIN", "KV_PER_OCTAVE", "MODES", "capture_size", 
 # of 16 up to max_cudagraph_capture_size = min(2 * max_num_seqs, 512) (1024 on data-centre
 # Blackwell). Source: vllm-project/vllm, vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes
 # (docstring and body; read at commit 000fc94b). The executor has no max_num_seqs, so the list
-# runs to 512 (vLLM's ceiling for max_num_seqs >= 256); a larger decode batch runs eager, as
+# runs to 512 (vLLM's ceiling for max_num_seqs >= 256: the vllm-v1 preset's rule,
+# batchsim.engines.vllm_v1_capture_sizes, at 256 sequences); a larger decode batch runs eager, as
 # vLLM runs a batch above its largest capture size.
-CAPTURE_SIZES: tuple[int, ...] = tuple([1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 512 + 1, 16)))
+CAPTURE_SIZES: tuple[int, ...] = tuple(vllm_v1_capture_sizes(256, 8192))
 
 # NOTE: the KV bucket grid is 8 sizes per doubling of the longest context (kernels.bucket), at
 # least 16. vLLM needs no such key (its paged attention takes lengths as device data); this

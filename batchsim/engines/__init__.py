@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batchsim.sim.errors import InputError
 
-__all__ = ["PRESETS", "Preset", "load_preset", "apply_preset", "preset_report", "preset_markdown"]
+__all__ = ["PRESETS", "Preset", "load_preset", "apply_preset", "preset_report", "preset_markdown",
+           "vllm_v1_capture_sizes"]
 
 _DIR = Path(__file__).parent
 PRESETS: tuple[str, ...] = tuple(sorted(p.stem for p in _DIR.glob("*.yaml")))
@@ -126,13 +127,12 @@ def _rocm(hw) -> bool:
     return name.startswith("mi") or any(x in name for x in ("instinct", "-mi", "amd", "rocm"))
 
 
-def _vllm_v1_graphs(policy: dict, hw) -> dict | None:
+def vllm_v1_capture_sizes(seqs: int, tokens: int, blackwell: bool = False) -> list[int]:
     """vLLM 0.33.0 VllmConfig._set_cudagraph_sizes (config/vllm.py:2446-2600) at its defaults (no
-    speculative decoding, performance_mode 'balanced'): one list of token counts for every step."""
-    seqs, tokens = _count(policy, "max_num_seqs", 256), _count(policy, "max_num_batched_tokens", 8192)
-    if seqs is None or tokens is None:
-        return None
-    default_max = 1024 if _blackwell(hw) else 512  # (capability family 100: data-centre Blackwell)
+    speculative decoding, performance_mode 'balanced') for ``max_num_seqs`` ``seqs`` and
+    ``max_num_batched_tokens`` ``tokens``: one list of token counts for every step (the reference
+    executor's graphs take it too: batchsim.calibrate.graphs.CAPTURE_SIZES)."""
+    default_max = 1024 if blackwell else 512  # (capability family 100: data-centre Blackwell)
     top = min(seqs * 2, default_max)
     decode = [seqs] if seqs <= top else []
     top = min(tokens, top)
@@ -143,7 +143,15 @@ def _vllm_v1_graphs(policy: dict, hw) -> dict | None:
         sizes += list(range(256, top + 1, 16))
     if tokens <= top and tokens not in sizes:
         sizes.append(tokens)
-    sizes = sorted(set(sizes + [v for v in decode if v <= tokens]))
+    return sorted(set(sizes + [v for v in decode if v <= tokens]))
+
+
+def _vllm_v1_graphs(policy: dict, hw) -> dict | None:
+    """The vllm-v1 preset's ``cuda_graphs``: :func:`vllm_v1_capture_sizes` for the deployment."""
+    seqs, tokens = _count(policy, "max_num_seqs", 256), _count(policy, "max_num_batched_tokens", 8192)
+    if seqs is None or tokens is None:
+        return None
+    sizes = vllm_v1_capture_sizes(seqs, tokens, _blackwell(hw))
     return {"decode_sizes": sizes, "step_sizes": sizes}
 
 

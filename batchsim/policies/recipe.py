@@ -138,20 +138,49 @@ class Move:
             _one_of("guard", g, GUARDS)
 
 
-def _sizes(what: str, sizes) -> None:
-    if not isinstance(sizes, tuple):
-        raise ValueError(f"{what} must be a tuple, got {sizes!r}")
-    for v in sizes:
-        _positive_int(f"a size of {what}", v)
-    for a, b in zip(sizes, sizes[1:]):
-        if not a < b:
-            raise ValueError(f"{what} must increase strictly, got {a} then {b}")
-    if len(sizes) > MAX_GRAPH_SIZES:
-        raise ValueError(f"{what}: at most {MAX_GRAPH_SIZES} sizes, got {len(sizes)}")
-
-
 # the most capture sizes one list may hold (the compiled core's fixed arrays)
 MAX_GRAPH_SIZES = 2048
+# the largest context decode_max_context may name (beyond any model's)
+MAX_GRAPH_CONTEXT = 1 << 40
+
+
+def check_capture_sizes(sizes) -> tuple[int, ...]:
+    """``sizes`` as a tuple if it is a capture-size list: increasing integers >= 1, at most
+    :data:`MAX_GRAPH_SIZES` of them; ValueError naming the bad value otherwise."""
+    if not isinstance(sizes, (list, tuple)):
+        raise ValueError(f"expected a list of capture sizes (integers >= 1), got {sizes!r}")
+    if len(sizes) > MAX_GRAPH_SIZES:
+        raise ValueError(f"at most {MAX_GRAPH_SIZES} capture sizes, got {len(sizes)}")
+    for x in sizes:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"capture sizes must be integers >= 1, got {x!r}")
+    for a, b in zip(sizes, sizes[1:]):
+        if not a < b:
+            raise ValueError(f"sizes must increase strictly, got {a} then {b}")
+    return tuple(sizes)
+
+
+def check_max_padding(v) -> float:
+    """``step_max_padding`` as a float if it is 0 (no limit) or a factor from 1 to 1e6."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v == 0 or 1 <= v <= 1e6):
+        raise ValueError(f"step_max_padding must be 0 (no limit) or a factor from 1 to 1e6, got {v!r}")
+    return float(v)
+
+
+def check_max_context(v) -> int:
+    """``decode_max_context`` if it is an integer from 0 (no limit) to :data:`MAX_GRAPH_CONTEXT`."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_GRAPH_CONTEXT:
+        raise ValueError(f"decode_max_context must be an integer from 0 (no limit) to 2^40, got {v!r}")
+    return v
+
+
+def check_graphs_budget(decode_sizes: tuple[int, ...], step_sizes: tuple[int, ...], cap: int) -> None:
+    """No capture size above the token budget ``cap``: a step never has more tokens, so no larger graph is
+    replayed (vLLM keeps only capture sizes <= max_num_batched_tokens: config/vllm.py:2566-2571)."""
+    for name, sizes in (("decode_sizes", decode_sizes), ("step_sizes", step_sizes)):
+        if sizes and sizes[-1] > cap:
+            raise ValueError(f"{name}: {sizes[-1]} is above max_num_batched_tokens ({cap}); a step never "
+                             "has more tokens, so no larger graph is replayed (vLLM drops such sizes)")
 
 
 @dataclass(frozen=True)
@@ -171,14 +200,15 @@ class CudaGraphs:
     decode_max_context: int = 0
 
     def __post_init__(self) -> None:
-        _sizes("decode_sizes", self.decode_sizes)
-        _sizes("step_sizes", self.step_sizes)
-        f = self.step_max_padding
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not (f == 0 or f >= 1):
-            raise ValueError(f"step_max_padding must be 0 (no limit) or a factor >= 1, got {f!r}")
-        m = self.decode_max_context
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ValueError(f"decode_max_context must be an integer >= 0 (0: no limit), got {m!r}")
+        for name, check in (("decode_sizes", check_capture_sizes), ("step_sizes", check_capture_sizes),
+                            ("step_max_padding", check_max_padding), ("decode_max_context", check_max_context)):
+            value = getattr(self, name)
+            if name.endswith("sizes") and not isinstance(value, tuple):
+                raise ValueError(f"{name} must be a tuple, got {value!r}")
+            try:
+                check(value)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -215,8 +245,11 @@ class IterationRecipe:
             raise ValueError(f"watermark must be a fraction >= 0 and < 1, got {w!r}")
         if not isinstance(self.schedule_ahead, bool):
             raise ValueError(f"schedule_ahead must be true or false, got {self.schedule_ahead!r}")
-        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, CudaGraphs):
-            raise ValueError(f"cuda_graphs must be a CudaGraphs or None, got {self.cuda_graphs!r}")
+        if self.cuda_graphs is not None:
+            if not isinstance(self.cuda_graphs, CudaGraphs):
+                raise ValueError(f"cuda_graphs must be a CudaGraphs or None, got {self.cuda_graphs!r}")
+            check_graphs_budget(self.cuda_graphs.decode_sizes, self.cuda_graphs.step_sizes,
+                                self.max_num_batched_tokens)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from batchsim.policies.base import PolicyConfig, held_blocks
 from batchsim.policies.ordering import QUEUE_ORDERS, RETRACT_FIRST, VICTIM_RULES, QueueOrder, VictimRule, last_admitted
-from batchsim.policies.recipe import MAX_GRAPH_SIZES, Admission, CudaGraphs, IterationRecipe, Move
+from batchsim.policies.recipe import (Admission, CudaGraphs, IterationRecipe, Move, check_capture_sizes,
+                                     check_graphs_budget, check_max_context, check_max_padding)
 from batchsim.sim.protocols import ReplicaView, SeqView
 from batchsim.sim.types import BatchPlan
 
@@ -74,12 +75,9 @@ def graph_tokens(graphs: CudaGraphs, tokens: int, decode_only: bool, longest: in
     return padded
 
 
-# the largest context decode_max_context may name (beyond any model's)
-MAX_GRAPH_CONTEXT = 1 << 40
-
-
 class CudaGraphsConfig(BaseModel):
-    """The engine's CUDA-graph capture sizes, in tokens (``cuda_graphs`` of the policy section)."""
+    """The engine's CUDA-graph capture sizes, in tokens (``cuda_graphs`` of the policy section); the checks
+    are batchsim.policies.recipe's, which the recipe's CudaGraphs runs too."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     decode_sizes: tuple[int, ...] = Field(
@@ -98,31 +96,17 @@ class CudaGraphsConfig(BaseModel):
     @field_validator("decode_sizes", "step_sizes", mode="before")
     @classmethod
     def _sizes(cls, v):
-        if not isinstance(v, (list, tuple)):
-            raise ValueError(f"expected a list of capture sizes (integers >= 1), got {v!r}")
-        if len(v) > MAX_GRAPH_SIZES:
-            raise ValueError(f"at most {MAX_GRAPH_SIZES} capture sizes, got {len(v)}")
-        for x in v:
-            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-                raise ValueError(f"capture sizes must be integers >= 1, got {x!r}")
-        for a, b in zip(v, v[1:]):
-            if not a < b:
-                raise ValueError(f"sizes must increase strictly, got {a} then {b}")
-        return tuple(v)
+        return check_capture_sizes(v)
 
     @field_validator("step_max_padding", mode="before")
     @classmethod
     def _factor(cls, v):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v == 0 or 1 <= v <= 1e6):
-            raise ValueError(f"step_max_padding must be 0 (no limit) or a factor from 1 to 1e6, got {v!r}")
-        return float(v)
+        return check_max_padding(v)
 
     @field_validator("decode_max_context", mode="before")
     @classmethod
     def _context(cls, v):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_GRAPH_CONTEXT:
-            raise ValueError(f"decode_max_context must be an integer from 0 (no limit) to 2^40, got {v!r}")
-        return v
+        return check_max_context(v)
 
     def value(self) -> CudaGraphs:
         return CudaGraphs(decode_sizes=self.decode_sizes, step_sizes=self.step_sizes,
@@ -175,15 +159,9 @@ class IterationConfig(PolicyConfig):
     @field_validator("cuda_graphs")
     @classmethod
     def _graphs_within_budget(cls, v: CudaGraphsConfig | None, info: ValidationInfo) -> CudaGraphsConfig | None:
-        # A step never has more tokens than the budget, so no graph larger is replayed (vLLM keeps only
-        # capture sizes <= max_num_batched_tokens: config/vllm.py:2566-2571).
         cap = info.data.get("max_num_batched_tokens")
         if v is not None and cap is not None:
-            for name in ("decode_sizes", "step_sizes"):
-                sizes = getattr(v, name)
-                if sizes and sizes[-1] > cap:
-                    raise ValueError(f"{name}: {sizes[-1]} is above max_num_batched_tokens ({cap}); a step never "
-                                     "has more tokens, so no larger graph is replayed (vLLM drops such sizes)")
+            check_graphs_budget(v.decode_sizes, v.step_sizes, cap)
         return v
 
     @field_validator("max_num_batched_tokens")
@@ -216,6 +194,11 @@ def run_iteration(recipe: IterationRecipe, view: ReplicaView) -> BatchPlan:
         else:
             step.admit(QUEUE_ORDERS[recipe.order](view.waiting), chunked=kind == "admit_chunks")
     return step.plan(recipe.schedule_ahead, recipe.cuda_graphs)
+
+
+def _is_decode(seq: SeqView) -> bool:
+    """A running sequence's next step is a decode: it has generated a token and has exactly one pending."""
+    return bool(seq.num_generated) and seq.num_tokens - seq.num_computed == 1
 
 
 class StepBuilder:
@@ -262,7 +245,7 @@ class StepBuilder:
         self.num_tokens[seq.rid] = q
         if total > self.longest:
             self.longest = total
-        if q != 1 or not seq.num_generated or seq.num_tokens - seq.num_computed != 1:  # (schedule_decodes' test)
+        if q != 1 or not _is_decode(seq):
             self.not_decodes += 1
         return True
 
@@ -305,7 +288,7 @@ class StepBuilder:
         than one is left, preempt the victim among all of them.
         """
         # decodes: a token generated and exactly one pending (not in_prefill)
-        decodes = [s for s in self.live if s.num_generated and s.num_tokens - s.num_computed == 1]
+        decodes = [s for s in self.live if _is_decode(s)]
         if self.retract_first:  # (nothing is preempted yet: this is the only move that preempts)
             kv = self.view.kv
             need = sum(kv.blocks_needed(s, s.num_computed + 1) for s in decodes)
@@ -403,7 +386,7 @@ class StepBuilder:
             preempt = tuple(sorted(self.preempted, key=rank.__getitem__))
         padded = 0
         if graphs is not None and self.num_tokens:
-            tokens = sum(self.num_tokens.values())
+            tokens = self.cap - self.budget  # (the tokens scheduled)
             padded = graph_tokens(graphs, tokens, not self.not_decodes, self.longest)
             if padded == tokens:
                 padded = 0
