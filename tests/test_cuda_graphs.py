@@ -150,6 +150,25 @@ def test_a_scenario_can_turn_the_presets_graphs_off_and_the_summary_says_so():
     assert knob["from"] == "scenario" and knob["preset_value"]["step_sizes"][-1] == 512
 
 
+def test_one_key_of_the_graphs_section_keeps_the_presets_sizes_and_follows_the_deployment():
+    from batchsim.app.config import apply_overrides
+
+    raw = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "engine_preset": "sglang", "workload": {"num_requests": 10}}
+    sc = scenario_from_dict(apply_overrides(raw, ["policy.cuda_graphs.step_max_padding=1.5"]))
+    g = sc.policy["cuda_graphs"]  # the scenario's key wins, the preset fills the others
+    assert g == {"decode_sizes": list(SGLANG_DECODE), "step_sizes": list(SGLANG_PREFILL), "step_max_padding": 1.5}
+    knob = preset_report(sc)["knobs"]["cuda_graphs"]
+    assert knob["from"] == "scenario and preset" and knob["set_by_scenario"] == ["step_max_padding"]
+    # resolved again on another deployment (as a sweep over tp does): the preset's sizes follow it, the key stays
+    data = sc.model_dump(mode="json", exclude_unset=True)
+    again = scenario_from_dict({**data, "hardware": "h200", "tensor_parallel_size": 4})
+    assert again.policy["cuda_graphs"]["decode_sizes"][-1] == 512 and again.policy["cuda_graphs"]["step_max_padding"] == 1.5
+    # and --set on a scenario already resolved takes one key, not the section
+    later = scenario_from_dict(apply_overrides(data, ["policy.cuda_graphs.decode_sizes=[1,2,4]"]))
+    assert later.policy["cuda_graphs"] == {"decode_sizes": [1, 2, 4], "step_sizes": list(SGLANG_PREFILL),
+                                           "step_max_padding": 1.5}
+
+
 def test_sizes_a_step_never_reaches_are_refused_and_bad_knobs_are_not_hidden_by_the_derivation():
     with pytest.raises(InputError) as e:
         policies.create_policy({"name": "chunked_prefill", "max_num_batched_tokens": 256,

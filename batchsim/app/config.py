@@ -344,6 +344,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if isinstance(filled, dict) and path[0] == "policy":  # (a key set here is the user's, not the preset's)
             if len(path) == 1:
                 filled.clear()
+            elif len(path) > 2 and isinstance(filled.get(path[1]), dict):  # one key of a section the preset
+                filled[path[1]].pop(path[2], None)                          # filled: the rest stays the preset's
             else:
                 filled.pop(path[1], None)
     return data

@@ -170,7 +170,8 @@ def preset_lines(summaries: list[dict]) -> list[str]:
         if not p:
             continue
         knobs = p.get("knobs", {})
-        set_ = ", ".join(f"{k}={_short(v['value'])}" for k, v in knobs.items() if v.get("from") == "preset")
+        set_ = ", ".join(f"{k}={_short(v['value'])}" for k, v in knobs.items()
+                         if v.get("from") in ("preset", "scenario and preset"))
         line = f"engine preset {p['name']} ({p['engine']} {p['version']}): {set_ or 'nothing'}"
         left = [f"{k} ({v['from'].removeprefix('left out: ')})" for k, v in knobs.items()
                 if str(v.get("from", "")).startswith("left out")]

@@ -258,7 +258,16 @@ def _user_policy(scenario) -> dict:
     if "policy" not in scenario.model_fields_set:
         return {}
     filled = scenario.engine_preset_values
-    return {k: v for k, v in scenario.policy.items() if not (k in filled and filled[k] == v)}
+    out = {}
+    for k, v in scenario.policy.items():
+        if k in filled and isinstance(filled[k], dict) and isinstance(v, dict):  # a section: its own keys
+            v = {sk: sv for sk, sv in v.items() if not (sk in filled[k] and filled[k][sk] == sv)}
+            if not v:
+                continue
+        elif k in filled and filled[k] == v:
+            continue
+        out[k] = v
+    return out
 
 
 def _resolve(scenario) -> tuple[dict, dict, dict]:
@@ -287,7 +296,13 @@ def _resolve(scenario) -> tuple[dict, dict, dict]:
                            "source": knob.source}
             continue
         ok, value = _value(knob, scenario, {**merged, **user}, hw)
-        if key in user:
+        if key in user and ok and isinstance(value, dict) and isinstance(user[key], dict):
+            # a section (cuda_graphs): the scenario's keys win, the preset fills the others
+            merged[key] = {**value, **user[key]}
+            filled[key] = {k: v for k, v in value.items() if k not in user[key]}
+            report[key] = {"value": merged[key], "from": "scenario and preset", "preset_value": value,
+                           "set_by_scenario": sorted(user[key]), "source": knob.source}
+        elif key in user:
             report[key] = {"value": user[key], "from": "scenario", "preset_value": value if ok else None,
                            "source": knob.source}
         elif ok:
@@ -296,7 +311,7 @@ def _resolve(scenario) -> tuple[dict, dict, dict]:
         else:
             report[key] = {"value": None, "from": "left out: the workload names no shared prefixes",
                            "source": knob.source}
-    merged.update(user)
+    merged.update({k: v for k, v in user.items() if not (isinstance(v, dict) and isinstance(merged.get(k), dict))})
     return merged, report, filled
 
 
