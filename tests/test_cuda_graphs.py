@@ -219,3 +219,21 @@ def test_a_calibration_prices_the_executors_graph_steps_padded_as_they_ran():
     for mode in (None, "eager", "eager+graph"):
         assert as_run(three, mode) is three
     assert as_run(StepShape.of([(1, 100)] * 8), "graph").dense_tokens == 0  # a capture size: nothing to pad
+
+
+def test_cost_prices_a_step_replayed_from_a_larger_graph_as_a_run_does():
+    from batchsim.calibrate.report import cost_report
+
+    plain = cost_report("llama-3.1-8b", "h100-sxm", decode=5, context=500)
+    padded = cost_report("llama-3.1-8b", "h100-sxm", decode=5, context=500, graph_tokens=8)
+    cm = RooflineCostModel(load_model("llama-3.1-8b"), load_hardware("h100-sxm"))
+    shape = StepShape.of([(1, 500)] * 5)
+    want = cm.price(StepShape(q=shape.q, kv=shape.kv, sampled=5, dense_tokens=8))
+    assert padded["total"]["seconds"] == pytest.approx(want.seconds) and padded["total"]["flops"] == want.flops
+    assert padded["total"]["seconds"] > plain["total"]["seconds"]
+    assert padded["useful_flops"] == plain["total"]["flops"] < padded["total"]["flops"]  # MFU: the real tokens
+    ops = {o["name"]: o for o in padded["operators"]}
+    assert ops["attention"]["flops"] == {o["name"]: o for o in plain["operators"]}["attention"]["flops"]
+    assert padded["step"]["graph_tokens"] == 8
+    with pytest.raises(InputError, match="below the step's 5 tokens"):
+        cost_report("llama-3.1-8b", "h100-sxm", decode=5, context=500, graph_tokens=4)

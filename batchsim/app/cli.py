@@ -135,12 +135,16 @@ def cost(
     prefill: Annotated[Optional[int], typer.Option(help="price a prefill of this many tokens", min=1, max=_MAX_TOKENS)] = None,
     decode: Annotated[Optional[int], typer.Option(help="price a decode step of this batch size", min=1, max=_MAX_BATCH)] = None,
     context: Annotated[Optional[int], typer.Option(help="context length of each decoding sequence", min=0, max=_MAX_TOKENS)] = None,
+    graph_tokens: Annotated[Optional[int], typer.Option(
+        help="price the step replayed from a CUDA graph captured at this many tokens (the dense operators "
+             "run at it, attention and the LM head on the real rows)", min=1, max=_MAX_TOKENS)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Price one step operator by operator and show the KV capacity."""
     from batchsim.calibrate.report import cost_report, render_cost_table
 
-    rep = cost_report(model, hardware, tp=tp, dtype=dtype, prefill=prefill, decode=decode, context=context)
+    rep = cost_report(model, hardware, tp=tp, dtype=dtype, prefill=prefill, decode=decode, context=context,
+                      graph_tokens=graph_tokens)
     if rep["kv_capacity_tokens"] is None:  # weights over memory: no deployment to price (it exited 0)
         raise InputError(rep["kv_capacity_error"])
     if as_json:

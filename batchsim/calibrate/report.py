@@ -8,6 +8,8 @@ CLI only parses flags and calls these two.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from rich.table import Table
@@ -37,19 +39,30 @@ def step_shape(prefill: int | None, decode: int | None, context: int | None) -> 
 
 def cost_report(model: str, hardware: str, tp: int = 1, dtype: str = "bf16", prefill: int | None = None,
                 decode: int | None = None, context: int | None = None,
-                gpu_memory_utilization: float = 0.9) -> dict[str, Any]:
+                gpu_memory_utilization: float = 0.9, graph_tokens: int | None = None) -> dict[str, Any]:
     """Price one step; the JSON that ``batchsim cost --json`` prints.
 
     Keys: ``total`` (seconds, flops, bytes and the compute/memory/network/
     overhead split), ``operators`` (name, seconds, flops, bytes, bound; each
     summed over all layers of the replica), ``kv_capacity_tokens`` (None when
     the weights do not fit, with the reason in ``kv_capacity_error``), and
-    context: model, hardware, tp, dtypes, the step, MFU/MBU of the step.
+    context: model, hardware, tp, dtypes, the step, MFU/MBU of the step. With ``graph_tokens``
+    the step is replayed from a CUDA graph captured at that many tokens: the dense operators run
+    at it, attention and the LM head on the real rows (as a run prices a padded step), and MFU
+    counts the real tokens' FLOPs (``useful_flops``).
     """
     spec, hw = load_model(model), load_hardware(hardware)
     cm = RooflineCostModel(spec, hw, tp=tp, dtype=dtype)
     shape = step_shape(prefill, decode, context)
+    useful = None
+    if graph_tokens is not None:
+        if graph_tokens < shape.num_tokens:
+            raise InputError(f"--graph-tokens {graph_tokens} is below the step's {shape.num_tokens} tokens: "
+                             "a step replays a graph captured at least as large as itself")
+        useful = cm.price(shape).flops
+        shape = dataclasses.replace(shape, dense_tokens=graph_tokens)
     cost = cm.price(shape, breakdown=True)
+    useful = cost.flops if useful is None else useful
     try:
         kv_tokens, kv_error = cm.kv_capacity_tokens(gpu_memory_utilization), None
     except InputError as e:
@@ -60,11 +73,13 @@ def cost_report(model: str, hardware: str, tp: int = 1, dtype: str = "bf16", pre
         "model": spec.name, "hardware": hw.name, "calibrated": hw.calibrated, "tp": tp,
         "dtype": cm.dtype, "kv_dtype": cm.kv_dtype, "compute_dtype": cm.compute_dtype,
         "step": {"prefill_tokens": prefill or 0, "decode_batch": decode or 0, "context": context or 0,
-                 "tokens": shape.num_tokens, "sampled": shape.sampled},
+                 "tokens": shape.num_tokens, "sampled": shape.sampled,
+                 "graph_tokens": max(graph_tokens or 0, shape.num_tokens)},
         "total": {"seconds": cost.seconds, "flops": cost.flops, "bytes": cost.bytes,
                   "compute_s": cost.compute_s, "memory_s": cost.memory_s, "network_s": cost.network_s,
                   "overhead_s": cost.overhead_s, "out_of_range": cost.out_of_range},
-        "mfu": cost.flops / (cost.seconds * cm.peak_flops),
+        "useful_flops": useful,
+        "mfu": useful / (cost.seconds * cm.peak_flops),
         "mbu": cost.bytes / (cost.seconds * cm.peak_bandwidth),
         "operators": ops,
         "weight_bytes_per_gpu": cm.weight_bytes_per_gpu,
@@ -85,6 +100,8 @@ def render_cost_table(report: dict[str, Any]) -> Table:
     what = " + ".join(p for p in (
         f"prefill {step['prefill_tokens']}" if step["prefill_tokens"] else "",
         f"decode {step['decode_batch']} x ctx {step['context']}" if step["decode_batch"] else "") if p)
+    if step.get("graph_tokens", 0) > step["tokens"]:
+        what += f", replayed from a CUDA graph of {step['graph_tokens']} tokens"
     tag = "calibrated" if report["calibrated"] else "datasheet, uncalibrated"
     table = Table(title=f"{report['model']} on {report['hardware']} (tp={report['tp']}, {report['dtype']}, "
                         f"{tag}): {what}")
