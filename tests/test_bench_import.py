@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -291,9 +293,23 @@ def test_guidellm_errored_and_incomplete_counted(tmp_path):
     data = json.loads(path.read_text())
     reqs = data["benchmarks"][0]["requests"]
     reqs["incomplete"] = [reqs["successful"].pop()]
+    totals = data["benchmarks"][0]["metrics"]["request_totals"]
+    totals["successful"] -= 1
+    totals["incomplete"] += 1
     path.write_text(json.dumps(data))
     got = read_bench(path)[0]
     assert len(got) == 5 and got.failed == 3
+
+
+def test_a_guidellm_report_that_kept_a_sample_of_its_requests_is_refused(tmp_path):
+    path = write_guidellm(tmp_path / "b.json", [make_run("poisson@1.0", "rate", 1.0)])
+    data = json.loads(path.read_text())
+    del data["benchmarks"][0]["requests"]["successful"][2:]  # --sample-requests 2: totals still say 6
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError) as e:
+        read_bench(path)
+    assert e.value.where == f"{path}: benchmarks[0].requests.successful"
+    assert "holds 2 of the benchmark's 6 successful requests" in e.value.message
 
 
 def test_guidellm_bad_values(tmp_path):
@@ -326,7 +342,9 @@ def test_genai_perf_round_trip_many_experiments(tmp_path):
         ("genai-perf", "concurrency=8", "concurrency", None, 8, 2), ("genai-perf", "rate=3.0", "rate", 3.0, None, 0)]
     for g, r in zip(got, runs, strict=True):
         assert g.model == r.model
-        assert_columns(g, r, atol=1e-9)
+        # genai-perf's latency ends at the last response with text (its parser drops usage and [DONE])
+        last = r.ttft + np.array([r.gaps(i).sum() for i in range(len(r))])
+        assert_columns(g, dataclasses.replace(r, latency=last), atol=2e-9)
         np.testing.assert_array_equal(g.itl_offsets, r.itl_offsets)
         np.testing.assert_allclose(g.itl_gaps, r.itl_gaps, rtol=0, atol=1.01e-9)
 
@@ -364,7 +382,7 @@ def test_genai_perf_hand_written_file(tmp_path):
     np.testing.assert_array_equal(run.input_tokens, [12, 12])
     np.testing.assert_array_equal(run.output_tokens, [5, 5])  # completion_tokens, not the 3 chunks
     np.testing.assert_allclose(run.ttft, [0.030, 0.020])
-    np.testing.assert_allclose(run.latency, [0.047, 0.037])
+    np.testing.assert_allclose(run.latency, [0.045, 0.035])  # the last chunk with text, as genai-perf
     np.testing.assert_allclose(run.itl_gaps, [0.005, 0.010, 0.005, 0.010])
     np.testing.assert_array_equal(run.itl_offsets, [0, 2, 4])
 
@@ -464,3 +482,24 @@ def test_run_from_records():
     np.testing.assert_allclose(run.itl_gaps, [0.1, 0.08, 0.12])
     # and it exports like any other run
     np.testing.assert_allclose(run.tpot, [0.1, 0.1, np.nan])
+
+
+def test_genai_perf_chunks_without_text_are_not_tokens(tmp_path):
+    """vLLM's role chunk and a final chunk with only finish_reason carry no text: genai-perf drops them
+    (``_preprocess_response``) before it takes TTFT, the gaps and the latency, and so does the reader."""
+    ms = 1_000_000
+    role = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    tok = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "a"}}]}
+    fin = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}}
+    req = {"timestamp": 10 * ms, "request_inputs": {"payload": json.dumps({"model": "m1"})},
+           "response_timestamps": [20 * ms, 30 * ms, 35 * ms, 45 * ms, 46 * ms, 47 * ms, 48 * ms],
+           "response_outputs": [_sse(role), _sse(tok), _sse(tok), _sse(tok), _sse(fin), _sse(usage), _sse("[DONE]")]}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"service_kind": "openai", "endpoint": "v1/chat/completions",
+                                "experiments": [{"experiment": {"mode": "concurrency", "value": 1},
+                                                 "requests": [req]}]}))
+    (run,) = read_bench(path)
+    np.testing.assert_allclose(run.ttft, [0.020])
+    np.testing.assert_allclose(run.itl_gaps, [0.005, 0.010])
+    np.testing.assert_allclose(run.latency, [0.035])

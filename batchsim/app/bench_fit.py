@@ -48,7 +48,8 @@ import pandas as pd
 from batchsim.calibrate.bench import METRICS, BenchRun, read_bench
 from batchsim.sim.errors import InputError
 
-__all__ = ["BenchSetup", "BenchFit", "replay", "fit_bench", "validate_bench", "ROUNDS", "FITTED_TERMS"]
+__all__ = ["BenchSetup", "BenchFit", "replay", "fit_bench", "validate_bench", "bench_model", "catalog_model", "ROUNDS",
+           "FITTED_TERMS"]
 
 ROUNDS = 20
 # NOTE: corrections are damped: longer host time per step puts more rows in each step at the same load,
@@ -115,7 +116,9 @@ def replay(run: BenchRun, setup: BenchSetup, terms: dict | None = None, hardware
         bad = result.requests[status != "completed"]
         why = bad["reason"].iloc[0] or "unfinished"
         raise InputError(f"the simulator does not complete {len(bad)} of the benchmark's {len(run)} requests "
-                         f"(request {int(bad['rid'].iloc[0])}: {why}), so measured and simulated would count "
+                         f"(the file's request {run.file_row(int(bad['rid'].iloc[0]))}, "
+                         f"{int(run.input_tokens[int(bad['rid'].iloc[0])])} prompt tokens: {why}), so measured and "
+                         "simulated would count "
                          "different requests; check --model, --tp and the policy keys against the benchmarked "
                          "server", f"{run.source} [{run.label}]")
     return result
@@ -200,6 +203,17 @@ def _robust_lstsq(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None
     return coef
 
 
+def _collinear(X: np.ndarray) -> bool:
+    """Whether the columns of ``X`` (its finite rows) are proportional, to rounding: one term's
+    regressor is a multiple of the other's, so the data fix their sum, not each."""
+    X = X[np.isfinite(X).all(axis=1)]
+    norms = np.linalg.norm(X, axis=0)
+    if len(X) < 2 or not norms.all():
+        return True
+    sv = np.linalg.svd(X / norms, compute_uv=False)
+    return bool(sv[-1] <= 1e-9 * sv[0])
+
+
 def _terms(values: dict[str, float]) -> dict:
     out: dict[str, dict[str, float]] = {"host": {}, "frontend": {}}
     for k, v in values.items():
@@ -220,6 +234,12 @@ class BenchFit:
     setup: BenchSetup | None = None
     files: list[dict] = field(default_factory=list)  # source path and sha256
     unfitted: list[str] = field(default_factory=list)  # terms the benchmarks said nothing about (the profile's kept)
+    unfitted_why: dict[str, str] = field(default_factory=dict)
+    pinned: list[str] = field(default_factory=list)  # terms held at 0 that the last round wanted below it
+
+    @property
+    def converged(self) -> bool:
+        return not (len(self.rounds) >= ROUNDS and self.rounds and self.rounds[-1]["change"] > TOLERANCE)
 
 
 def _split(runs: Sequence[BenchRun], fit_on: Sequence[str] | None) -> list[bool]:
@@ -241,6 +261,8 @@ def _rows(run: BenchRun, result, split: str) -> list[dict]:
 
     sim = run_from_records(result.requests, result.itl.frame(), label=run.label, mode=run.mode,
                            rate=run.rate, concurrency=run.concurrency)
+    if run.format == "guidellm":  # (its report keeps one mean gap per request: compare like for like)
+        sim = sim.with_mean_gaps()
     out = []
     for metric in METRICS:
         m, s = run.percentiles(metric, PERCENTILES), sim.percentiles(metric, PERCENTILES)
@@ -254,6 +276,46 @@ def _rows(run: BenchRun, result, split: str) -> list[dict]:
     return out
 
 
+def catalog_model(model_id: str | None) -> str | None:
+    """The catalog model a benchmark's model id names, if any: the id's last path part, lower-cased,
+    ``meta-`` dropped, then its longest dash-separated prefix that is a catalog name
+    (``meta-llama/Llama-3.1-70B-Instruct`` -> ``llama-3.1-70b``, ``Mistral-7B-Instruct-v0.3`` ->
+    ``mistral-7b``)."""
+    from batchsim.calibrate.models import model_names
+
+    if not model_id:
+        return None
+    base = str(model_id).rstrip("/").split("/")[-1].lower().removeprefix("meta-")
+    names = set(model_names())
+    parts = base.split("-")
+    for k in range(len(parts), 1, -1):
+        if "-".join(parts[:k]) in names:
+            return "-".join(parts[:k])
+    return None
+
+
+def bench_model(runs: Sequence[BenchRun], given: str | None) -> tuple[str, str | None]:
+    """(the model to replay, a note for the user or None): ``given`` (``--model``) when set, with a
+    note if the files name another catalog model; else the one catalog model the files name."""
+    ids = list(dict.fromkeys(r.model for r in runs if r.model))
+    named = list(dict.fromkeys(m for m in map(catalog_model, ids) if m))
+    if given:
+        other = [m for m in named if m != given]
+        note = (f"note: the benchmark files name {', '.join(ids)}, but --model is {given}; the replay uses {given}"
+                if other else None)
+        return given, note
+    if len(named) > 1:
+        raise InputError(f"the benchmark files name several models ({', '.join(ids)}); give --model, and fit one "
+                         "model's benchmarks at a time", "--model")
+    if named:
+        return named[0], f"model {named[0]} (from the benchmark files' model {ids[0]})"
+    if ids:
+        raise InputError(f"the benchmark files name model {ids[0]!r}, which is not in batchsim's catalog; give "
+                         "--model NAME (batchsim catalog) or --model PATH (its config.json)", "--model")
+    raise InputError("the benchmark files name no model; give --model NAME (batchsim catalog) or --model PATH "
+                     "(its config.json)", "--model")
+
+
 def _sha(path: str) -> str:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -262,11 +324,26 @@ def _sha(path: str) -> str:
 
 
 def load_runs(files: Sequence[str | Path]) -> list[BenchRun]:
+    """Every benchmark in ``files``, each with a label of its own: a label two benchmarks share (the
+    same rate in two files, or twice in one --append-result file) gains the file's name, then its
+    place among them (``rate=4.0 [b.json]``, ``rate=4.0 #2``)."""
+    import dataclasses
+
     runs: list[BenchRun] = []
     for f in files:
         runs.extend(read_bench(f))
     if not runs:
         raise InputError("no benchmarks in the files given", "--from-bench")
+    for attempt in (lambda r, k: f"{r.label} [{Path(r.source).name}]", lambda r, k: f"{r.label} #{k + 1}"):
+        labels = [r.label for r in runs]
+        if len(set(labels)) == len(labels):
+            break
+        seen: dict[str, int] = {}
+        for i, r in enumerate(runs):
+            if labels.count(r.label) > 1:
+                k = seen.get(r.label, 0)
+                seen[r.label] = k + 1
+                runs[i] = dataclasses.replace(r, label=attempt(r, k))
     return runs
 
 
@@ -282,12 +359,15 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
               "frontend.per_prompt_token_us": base.frontend.per_prompt_token_us}
     rounds = []
     unfitted: set[str] = set()
+    notes: dict[str, str] = {}  # term -> why it was not fitted
+    pinned: list[str] = []  # terms the last round wanted below 0
     total = 2 * ROUNDS * sum(fitted) + len(runs)
     done = 0
     for k in range(ROUNDS):
         # NOTE: one half-round per pair of terms (Gauss-Seidel): the host terms move TTFT too (prefill
         # steps, queueing), so the frontend terms are fitted on a simulation that has the new host terms.
         old = dict(values)
+        pinned = []
         for half in ("host", "frontend"):
             frames = []
             for run, fit in zip(runs, fitted):
@@ -302,17 +382,38 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
                 X = np.column_stack([df["s"], df["s"] * df["rows"]])
                 y = (df["tpot_m"] - df["tpot_s"]).to_numpy()
                 if not (np.isfinite(y) & np.isfinite(X).all(axis=1)).sum() >= 3:
-                    unfitted.update(("host.per_step_us", "host.per_seq_us"))
-                    continue  # (no request with two tokens or more: nothing says what a decode step costs)
+                    for t in ("host.per_step_us", "host.per_seq_us"):
+                        unfitted.add(t)
+                        notes[t] = "no request of two tokens or more: nothing says what a decode step costs"
+                    continue
                 d = _robust_lstsq(X, y) * 1e6
                 keys = ("host.per_step_us", "host.per_seq_us")
             else:  # TTFT: residual = k * d_req + p * d_tok (k requests, p prompt tokens in its busy period)
                 X = np.column_stack([df["in_k"].to_numpy(), df["in_p"].to_numpy()])
-                d = _robust_lstsq(X, (df["ttft_m"] - df["ttft_s"]).to_numpy(), df["run"].to_numpy()) * 1e6
+                y = (df["ttft_m"] - df["ttft_s"]).to_numpy()
                 keys = ("frontend.per_request_us", "frontend.per_prompt_token_us")
+                if not (np.isfinite(y) & np.isfinite(X).all(axis=1)).sum() >= 3:
+                    for t in keys:
+                        unfitted.add(t)
+                        notes[t] = "fewer than 3 requests: too few to fit the frontend terms"
+                    continue
+                if _collinear(X):  # every prompt the same length: a per-token term is a per-request one
+                    t = "frontend.per_prompt_token_us"
+                    unfitted.add(t)
+                    notes[t] = (f"every fitted request's prompt has {int(df['prompt'].iloc[0])} tokens, so a "
+                                "per-token cost cannot be told from a per-request one: per_request_us holds both "
+                                "(benchmark prompts of several lengths to separate them)")
+                    d = np.append(_robust_lstsq(X[:, :1], y, df["run"].to_numpy()) * 1e6, 0.0)
+                else:
+                    d = _robust_lstsq(X, y, df["run"].to_numpy()) * 1e6
             relax = RELAX if half == "host" else 1.0  # (the frontend's slopes are its exact derivatives)
             for key, delta in zip(keys, d):
-                values[key] = max(0.0, float(values[key] + relax * delta))
+                if key in unfitted:
+                    continue
+                raw = float(values[key] + relax * delta)
+                if raw < 0.0:
+                    pinned.append(key)
+                values[key] = max(0.0, raw)
         # (relative change, over at least 0.01 us: a term creeping up from 0 is not moving)
         change = max((abs(values[t] - old[t]) / max(abs(values[t]), 0.01) for t in FITTED_TERMS), default=0.0)
         rounds.append(dict(values, change=change))
@@ -330,7 +431,8 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
             progress(done, total, f"predict {run.label}")
     files = [{"path": s, "sha256": _sha(s)} for s in dict.fromkeys(r.source for r in runs)]
     fit = BenchFit(terms={t: round(values[t], 3) for t in FITTED_TERMS if t not in unfitted}, rounds=rounds,
-                   rows=rows, runs=run_info, setup=setup, files=files, unfitted=sorted(unfitted))
+                   rows=rows, runs=run_info, setup=setup, files=files, unfitted=sorted(unfitted),
+                   unfitted_why={t: notes[t] for t in sorted(unfitted)}, pinned=sorted(set(pinned) - unfitted))
     fit.profile = _profile(_hardware(_scenario(setup, runs[0], terms)), fit, name)
     return fit
 
@@ -344,9 +446,10 @@ def _profile(hw, fit: BenchFit, name: str | None):
             and r["metric"] in ("ttft", "tpot") and math.isfinite(r["rel_error"])]
     prov["from_bench"] = {
         "files": fit.files, "benchmarks": fit.runs, "fitted": [t for t in FITTED_TERMS if t not in fit.unfitted],
-        "not_fitted": fit.unfitted, "terms_us": fit.terms, "dtype": fit.setup.dtype,
+        "not_fitted": fit.unfitted, "not_fitted_why": fit.unfitted_why, "pinned_at_zero": fit.pinned,
+        "terms_us": fit.terms, "dtype": fit.setup.dtype,
         "rounds": len(fit.rounds),
-        "converged": not (len(fit.rounds) >= ROUNDS and fit.rounds and fit.rounds[-1]["change"] > TOLERANCE),
+        "converged": fit.converged,
         "model": fit.setup.model, "tensor_parallel_size": fit.setup.tensor_parallel_size,
         "engine_preset": fit.setup.engine_preset, "policy": fit.setup.policy, "base_profile": hw.name,
         "held_out_p50_abs_error_max": max((abs(r["rel_error"]) for r in held), default=None),
@@ -354,11 +457,21 @@ def _profile(hw, fit: BenchFit, name: str | None):
     }
     fitted = (f"fitted by batchsim calibrate --from-bench on {len(fit.files)} file(s) of the user's engine "
               "(provenance.from_bench)")
-    host = ("per_step_us and per_seq_us from " + hw.name + " (the benchmarks have no request of two tokens or more)"
-            if "host.per_step_us" in fit.unfitted else f"per_step_us and per_seq_us {fitted}")
-    prov["host_overhead"] = f"{host}; per_decode_step_us and per_tp_rank_us from {hw.name}"
-    prov["frontend"] = (f"per_request_us and per_prompt_token_us {fitted}; per_step_us and per_output_token_us "
-                        f"from {hw.name} (a constant delay out is fitted into per_request_us)")
+    def said(terms: tuple[str, ...]) -> str:
+        names = " and ".join(t.split(".")[1] for t in terms)
+        kept = [t for t in terms if t in fit.unfitted]
+        if not kept:
+            return f"{names} {fitted}"
+        got = [t.split(".")[1] for t in terms if t not in fit.unfitted]
+        return ((f"{' and '.join(got)} {fitted}; " if got else "")
+                + "; ".join(f"{t.split('.')[1]} from {hw.name} ({fit.unfitted_why.get(t, 'not fitted')})"
+                            for t in kept))
+
+    prov["host_overhead"] = (f"{said(('host.per_step_us', 'host.per_seq_us'))}; per_decode_step_us and "
+                             f"per_tp_rank_us from {hw.name}")
+    prov["frontend"] = (f"{said(('frontend.per_request_us', 'frontend.per_prompt_token_us'))}; "
+                        f"per_step_us and per_output_token_us from {hw.name} (a constant delay out is fitted into "
+                        "per_request_us)")
     data["provenance"] = prov
     return type(hw).model_validate(data)
 
@@ -372,6 +485,18 @@ def validate_bench(runs: Sequence[BenchRun], setup: BenchSetup, profile: str,
         if progress:
             progress(i + 1, len(runs), run.label)
     return rows
+
+
+def _no_nan(v: Any) -> Any:
+    """``v`` with every non-finite float as None (JSON's null: a metric with no value, such as the
+    TPOT of one-token outputs)."""
+    if isinstance(v, dict):
+        return {k: _no_nan(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_no_nan(x) for x in v]
+    if isinstance(v, (float, np.floating)) and not math.isfinite(v):
+        return None
+    return v
 
 
 def write_report(rows: list[dict], out: Path, title: str, extra: dict | None = None) -> dict[str, Path]:
@@ -407,8 +532,8 @@ def write_report(rows: list[dict], out: Path, title: str, extra: dict | None = N
         plt.close(fig)
 
     writers = {"bench.csv": lambda p: frame.to_csv(p, index=False, float_format="%.6g"),
-               "bench.json": lambda p: p.write_text(json.dumps({"title": title, "rows": rows, **(extra or {})},
-                                                               indent=2, default=float) + "\n"),
+               "bench.json": lambda p: p.write_text(json.dumps(_no_nan({"title": title, "rows": rows, **(extra or {})}),
+                                                               indent=2, default=float, allow_nan=False) + "\n"),
                "bench.png": plot}
     write_set(out, writers, {"written_by": "batchsim bench", "title": title})
     return {k: Path(out) / k for k in writers}

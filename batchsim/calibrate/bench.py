@@ -74,6 +74,8 @@ compared with a real one.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -136,6 +138,7 @@ class BenchRun:
     itl_gaps: np.ndarray  # float64 s, every request's gaps, in request order
     itl_offsets: np.ndarray  # int64, len n + 1
     failed: int  # failed / errored / incomplete requests (not in the columns)
+    file_rows: np.ndarray | None = None  # int64 per request: its index among the file's requests (errors name it)
 
     def __post_init__(self) -> None:
         n = len(self.start)
@@ -163,6 +166,19 @@ class BenchRun:
     def gaps(self, i: int) -> np.ndarray:
         """Request ``i``'s inter-token gaps (s)."""
         return self.itl_gaps[self.itl_offsets[i]:self.itl_offsets[i + 1]]
+
+    def file_row(self, i: int) -> int:
+        """Request ``i``'s index among the file's requests (``i`` itself when the file's order is not known)."""
+        return int(self.file_rows[i]) if self.file_rows is not None else int(i)
+
+    def with_mean_gaps(self) -> "BenchRun":
+        """This run with each request's gaps replaced by their mean: the ITL a GuideLLM report keeps
+        (one ``inter_token_latency_ms`` per request), so a simulated run compares like for like."""
+        lens = np.diff(self.itl_offsets)
+        sums = np.add.reduceat(self.itl_gaps, self.itl_offsets[:-1]) if len(self.itl_gaps) else np.zeros(len(lens))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            means = np.where(lens > 0, sums / np.maximum(lens, 1), 0.0)
+        return dataclasses.replace(self, itl_gaps=np.repeat(means, lens).astype(np.float64))
 
     def percentiles(self, metric: str, ps: Sequence[float] = (50, 99)) -> dict[str, float]:
         """``{"p50": ..., "p99": ...}`` in seconds of ttft, tpot, itl (all gaps pooled) or e2el.
@@ -314,9 +330,11 @@ def _make_run(source: PathLike, fmt: str, label: str, model: str | None, mode: s
     idx = np.repeat(off[:-1][order] - new_off[:-1], lens) + np.arange(new_off[-1], dtype=np.int64)
     start = start[order]
     start = start - start[0] if len(start) else start
+    file_rows = (np.asarray(rows, dtype=np.int64) if rows is not None else np.arange(len(order), dtype=np.int64))
     return BenchRun(str(source), fmt, label, model, mode, rate, concurrency, start.astype(np.float64),
                     inp[order].astype(np.int64), out[order].astype(np.int64), ttft[order].astype(np.float64),
-                    latency[order].astype(np.float64), gaps[idx].astype(np.float64), new_off, int(failed))
+                    latency[order].astype(np.float64), gaps[idx].astype(np.float64), new_off, int(failed),
+                    file_rows[order])
 
 
 def _num_label(x: float) -> str:
@@ -468,17 +486,21 @@ def _read_vllm(path: PathLike, data: dict, fmt: str = "vllm", prefix: str = "") 
     if "start_times" in lists:
         start = _numbers(scrub(lists["start_times"], 0.0), at("start_times"), "a perf_counter time in seconds",
                          nonneg=False)
-    elif conc is not None or not math.isfinite(rate):
+    elif not math.isfinite(rate):
         # closed loop: the arrivals follow from the completions, not the file; an infinite rate sends all at once
         start = np.zeros(n)
     elif fmt == "sglang":
         raise _fail(at("request_rate"), f"is {_shown(rate_raw)}: SGLang saves no send times, so a finite-rate run's "
-                                        "arrivals cannot be replayed; expected a run with --max-concurrency or at "
-                                        "--request-rate inf")
+                                        "arrivals cannot be replayed (with max_concurrency too: requests sent at a "
+                                        "rate and capped in flight are neither a closed loop nor a burst); expected "
+                                        "a run with --max-concurrency at --request-rate inf, or at --request-rate inf")
     else:
         raise _fail(at("start_times"), "not found (older vllm bench serve, e.g. 0.10, did not save it): "
-                                       "the arrival times cannot be replayed; expected per-request send times, "
-                                       "a closed-loop run (max_concurrency set), or an infinite rate")
+                                       f"the arrival times of a run at request_rate {_shown(rate_raw)} cannot be "
+                                       "replayed" + (f" (max_concurrency {conc} caps it in flight, so it is no closed "
+                                                     "loop either)" if conc is not None else "")
+                                       + "; expected per-request send times, a closed-loop run (max_concurrency set "
+                                       "at an infinite rate), or an infinite rate")
 
     failed = err | ((out == 0) & (ttft == 0))  # vLLM leaves ttft 0 and output 0 on a failed request
     keep = np.flatnonzero(~failed)
@@ -533,6 +555,15 @@ def _read_guidellm(path: PathLike, data: dict) -> list[BenchRun]:
                 failed += len(_lst(reqs[key], at(f"requests.{key}"), "a list of request stats"))
         stats = [_obj(r, at(f"requests.successful[{i}]"), "a request stats object") for i, r in enumerate(succ)]
         sat = _field(path, f"benchmarks[{b}].requests.successful[]")
+        metrics = bench.get("metrics")
+        totals = (metrics.get("request_totals") if isinstance(metrics, dict) else None) or bench.get("request_totals")
+        total_ok = totals.get("successful") if isinstance(totals, dict) else None
+        if type(total_ok) is int and total_ok > len(stats):
+            raise _fail(at("requests.successful"),
+                        f"holds {len(stats)} of the benchmark's {total_ok} successful requests "
+                        "(metrics.request_totals.successful): GuideLLM kept a sample of them (--sample-requests / "
+                        "--output-sampling), and a sample replayed alone is a lighter load than the server saw; "
+                        "expected every request: rerun GuideLLM keeping them all")
 
         def timing(r: dict) -> Any:
             info = r.get("info")
@@ -645,8 +676,7 @@ def _read_genai_perf(path: PathLike, data: dict) -> list[BenchRun]:
                         error = chunk["error"]
                     if isinstance(chunk.get("usage"), dict):
                         usage = (j, chunk["usage"])
-                    choices = chunk.get("choices")
-                    bearing |= isinstance(choices, list) and len(choices) > 0
+                    bearing |= _has_text(chunk.get("choices"))
                 if bearing:
                     tokens.append(j)
             if error is not None or not tokens:  # an error chunk, or no token came back
@@ -666,7 +696,7 @@ def _read_genai_perf(path: PathLike, data: dict) -> list[BenchRun]:
             inp.append(u_in)
             out.append(u_out)
             ttft.append(tt[0])
-            lat.append(t[-1])
+            lat.append(tt[-1])  # (genai-perf: the last response with content; usage and [DONE] carry none)
             gap_rows.append(np.diff(tt))
             rows.append(k)
         if no_usage and not rows:
@@ -685,8 +715,25 @@ def _read_genai_perf(path: PathLike, data: dict) -> list[BenchRun]:
         runs.append(_make_run(path, "genai-perf", label, model, mode, rate, conc, start,
                               np.array(inp, dtype=np.int64), np.array(out, dtype=np.int64),
                               np.array(ttft, dtype=np.float64) / 1e9, np.array(lat, dtype=np.float64) / 1e9,
-                              gaps, lens, failed))
+                              gaps, lens, failed, rows=np.array(rows, dtype=np.int64)))
     return runs
+
+
+def _has_text(choices: Any) -> bool:
+    """Whether a streaming chunk's choices carry output text: genai-perf's parser drops the responses
+    with none (vLLM's role chunk, a final chunk with only ``finish_reason``, the usage chunk) before
+    it takes TTFT, the gaps and the latency (``_preprocess_response``)."""
+    if not isinstance(choices, list):
+        return False
+    for c in choices:
+        if not isinstance(c, dict):
+            continue
+        for part in (c.get("delta"), c.get("message")):
+            if isinstance(part, dict) and isinstance(part.get("content"), str) and part["content"]:
+                return True
+        if isinstance(c.get("text"), str) and c["text"]:
+            return True
+    return False
 
 
 def _payload_model(inputs: Any) -> str | None:
@@ -949,7 +996,8 @@ def write_genai_perf(path: PathLike, runs: Sequence[BenchRun]) -> Path:
 
     Times become integer ns (a gap round-trips within 1e-9 s). Each request
     streams one chunk per gap plus the first, then a usage-only chunk and
-    ``data: [DONE]`` at its end. ``run.failed`` requests have no responses.
+    ``data: [DONE]`` at its end (genai-perf, and so the reader, end a request's latency at its last
+    chunk with text). ``run.failed`` requests have no responses.
     A "trace" run has no perf_analyzer mode and raises ValueError.
     """
     exps = []

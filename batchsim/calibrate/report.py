@@ -74,7 +74,7 @@ def cost_report(model: str, hardware: str, tp: int = 1, dtype: str = "bf16", pre
         "dtype": cm.dtype, "kv_dtype": cm.kv_dtype, "compute_dtype": cm.compute_dtype,
         "step": {"prefill_tokens": prefill or 0, "decode_batch": decode or 0, "context": context or 0,
                  "tokens": shape.num_tokens, "sampled": shape.sampled,
-                 "graph_tokens": max(graph_tokens or 0, shape.num_tokens)},
+                 **({"graph_tokens": graph_tokens} if graph_tokens is not None else {})},
         "total": {"seconds": cost.seconds, "flops": cost.flops, "bytes": cost.bytes,
                   "compute_s": cost.compute_s, "memory_s": cost.memory_s, "network_s": cost.network_s,
                   "overhead_s": cost.overhead_s, "out_of_range": cost.out_of_range},

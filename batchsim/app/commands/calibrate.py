@@ -133,17 +133,28 @@ def _policy_keys(pairs: list[str] | None, option: str) -> dict:
     return out
 
 
-def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set):
-    from batchsim.app.bench_fit import BenchSetup
+def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs):
+    """The deployment to replay the benchmarks on, and a note on where its model came from."""
+    from batchsim.app.bench_fit import BenchSetup, bench_model
 
     models = model or []
     if len(models) > 1:
         from batchsim.sim.errors import InputError
 
         raise InputError("give one --model: the model the benchmark served", "--model")
-    return BenchSetup(model=models[0] if models else "llama-3-8b", hardware=hardware, tensor_parallel_size=tp,
-                      dtype=dtype, engine_preset=None if engine_preset in ("none", "") else engine_preset,
-                      policy=_policy_keys(policy_set, "--policy-set"))
+    name, note = bench_model(runs, models[0] if models else None)
+    setup = BenchSetup(model=name, hardware=hardware, tensor_parallel_size=tp,
+                       dtype=dtype, engine_preset=None if engine_preset in ("none", "") else engine_preset,
+                       policy=policy_set if isinstance(policy_set, dict) else _policy_keys(policy_set, "--policy-set"))
+    return setup, note
+
+
+def _report_folder(report) -> None:
+    """Refuse a --report that cannot be a folder before any work (nothing is written then)."""
+    if report is not None and Path(report).exists() and not Path(report).is_dir():
+        from batchsim.sim.errors import InputError
+
+        raise InputError(f"{report} is a file; expected a folder for bench.csv, bench.json and bench.png", "--report")
 
 
 def _bench_table(rows: list[dict], title: str):
@@ -164,32 +175,45 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
     from batchsim.app.bench_fit import fit_bench, load_runs, write_report
     from batchsim.calibrate.hardware import save_hardware
 
-    setup = _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set)
+    _report_folder(report)
     runs = load_runs(files)
+    setup, model_note = _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs)
+    console = Console(width=None if Console().is_terminal else 120, highlight=False)
+    if model_note:
+        console.print(model_note)
     bar, tick = _progress("fitting")
     with bar:
         fit = fit_bench(runs, setup, fit_on=fit_on, progress=tick, name=name)
+    if report is not None:  # (first: a report that cannot be written leaves no profile behind)
+        write_report(fit.rows, report, f"calibrate --from-bench: {setup.model} on {hardware}",
+                     {"terms_us": fit.terms, "rounds": fit.rounds, "benchmarks": fit.runs,
+                      "not_fitted": fit.unfitted_why, "pinned_at_zero": fit.pinned})
     save_hardware(fit.profile, out)
-    console = Console(width=None if Console().is_terminal else 120, highlight=False)
     console.print(_bench_table(fit.rows, f"{setup.model} on {hardware}: measured vs simulated with the fitted terms"))
     terms = ", ".join(f"{k} {v:g}" for k, v in fit.terms.items())
     if fit.unfitted:
         terms += f" (not fitted, the profile's kept: {', '.join(fit.unfitted)})"
     console.print(f"fitted in {len(fit.rounds)} rounds on {sum(r['split'] == 'fit' for r in fit.runs)} of "
                   f"{len(fit.runs)} benchmarks: {terms}")
-    from batchsim.app.bench_fit import ROUNDS, TOLERANCE
+    for term, why in fit.unfitted_why.items():
+        console.print(f"note: {term} not fitted: {why}")
+    from batchsim.app.bench_fit import ROUNDS
 
     last = fit.rounds[-1]["change"] if fit.rounds else 0.0
-    if len(fit.rounds) >= ROUNDS and last > TOLERANCE:
+    if not fit.converged:
         console.print(f"note: the fit stopped at {ROUNDS} rounds with the terms still moving ({last:.1%} in the "
                       "last; the rounds are in the report's bench.json): check --model, --tp, --dtype and the "
                       "policy keys against the benchmarked server")
+    if fit.pinned:
+        console.print(f"note: {', '.join(fit.pinned)} held at 0, where the fit wanted less: the engine is faster "
+                      f"than {hardware} predicts even with no overhead, so these terms cannot explain the gap; "
+                      "check --hardware (or calibrate the device's kernels), --model, --tp, --dtype and the policy "
+                      "keys against the benchmarked server")
     if all(r["split"] == "fit" for r in fit.runs):
         console.print("note: one benchmark only, nothing held out; give two or more (rates, concurrencies or files) "
-                      "for a held-out check")
+                      "for a held-out check" if len(fit.runs) == 1 else
+                      "note: every benchmark was fitted (--fit-on names them all), nothing held out")
     if report is not None:
-        write_report(fit.rows, report, f"calibrate --from-bench: {setup.model} on {hardware}",
-                     {"terms_us": fit.terms, "rounds": fit.rounds, "benchmarks": fit.runs})
         console.print(f"report written to {report}/")
     console.print(f"profile {fit.profile.name} written to {out}")
 
@@ -211,9 +235,9 @@ def validate_command(
     graphs: GraphsOpt = None,
     replay: Annotated[Optional[Path], typer.Option(help="compare with the executor runs recorded in this validate output folder instead of running the executor (no device, no torch; the workload, model and policies are those recorded)")] = None,
     bench: Annotated[Optional[list[Path]], typer.Option("--bench", help="compare with a real engine's benchmark output instead (repeatable; the formats of calibrate --from-bench): its own requests through the simulator with --profile")] = None,
-    tp: Annotated[int, typer.Option(min=1, help="with --bench: tensor-parallel size of the benchmarked deployment")] = 1,
-    engine_preset: Annotated[str, typer.Option(help="with --bench: the engine's preset ('none': the policy options alone)")] = "vllm-v1",
-    policy_set: Annotated[Optional[list[str]], typer.Option("--policy-set", help="with --bench: KEY=VALUE over the preset's policy knobs")] = None,
+    tp: Annotated[Optional[int], typer.Option(min=1, help="with --bench: tensor-parallel size of the benchmarked deployment (default: the one --profile was fitted with, else 1)")] = None,
+    engine_preset: Annotated[Optional[str], typer.Option(help="with --bench: the engine's preset ('none': the policy options alone; default: the one --profile was fitted with, else vllm-v1)")] = None,
+    policy_set: Annotated[Optional[list[str]], typer.Option("--policy-set", help="with --bench: KEY=VALUE over the preset's policy knobs (default: those --profile was fitted with)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="with --bench: weight dtype of the benchmarked model (default: the one --profile was fitted with, else bf16)")] = None,
 ) -> None:
     """Run one workload through the reference executor and the simulator per policy; compare.
@@ -226,22 +250,53 @@ def validate_command(
     if bench:
         from batchsim.app.bench_fit import load_runs, validate_bench, write_report
 
-        if dtype is None:  # (the dtype calibrate --from-bench fitted the profile with)
-            from batchsim.calibrate.hardware import load_hardware
+        import math
 
-            dtype = ((load_hardware(str(profile)).provenance or {}).get("from_bench") or {}).get("dtype", "bf16")
-        setup = _bench_setup([model] if model else None, str(profile), tp, dtype, engine_preset, policy_set)
+        from batchsim.calibrate.hardware import load_hardware
+
+        console = Console(width=None if Console().is_terminal else 120, highlight=False)
+        # (the deployment calibrate --from-bench fitted the profile on, where an option does not say)
+        fitted = ((load_hardware(str(profile)).provenance or {}).get("from_bench") or {})
+        given = {"model": model, "tensor_parallel_size": tp, "engine_preset": engine_preset,
+                 "policy": _policy_keys(policy_set, "--policy-set") if policy_set else None, "dtype": dtype}
+        shipped = {"tensor_parallel_size": 1, "engine_preset": "vllm-v1", "policy": {}, "dtype": "bf16"}
+        used, origin = {}, []
+        for key, value in given.items():
+            if value is not None:
+                used[key] = value
+                if fitted.get(key) is not None and fitted[key] != value:
+                    console.print(f"note: {profile} was fitted with {key} {fitted[key]!r}; this replay uses "
+                                  f"{value!r} (the option)")
+            elif fitted.get(key) is not None or (key == "engine_preset" and "engine_preset" in fitted):
+                used[key] = fitted.get(key)
+                origin.append(key)
+            else:
+                used[key] = shipped.get(key)
         runs = load_runs(bench)
+        setup, model_note = _bench_setup([used["model"]] if used["model"] else None, str(profile),
+                                         used["tensor_parallel_size"], used["dtype"],
+                                         used["engine_preset"] or "none", used["policy"] or {}, runs)
+        if origin:
+            console.print(f"from {profile}'s calibration: " + ", ".join(f"{k} {used[k]!r}" for k in origin))
+        if model_note and "model" not in origin:
+            console.print(model_note)
         bar, tick = _progress("replaying")
         with bar:
             rows = validate_bench(runs, setup, str(profile), progress=tick)
-        files = write_report(rows, out, f"validate --bench: {setup.model} with {profile}")
-        console = Console(width=None if Console().is_terminal else 120, highlight=False)
+        files = write_report(rows, out, f"validate --bench: {setup.model} with {profile}",
+                             {"deployment": {"model": setup.model, "tensor_parallel_size": setup.tensor_parallel_size,
+                                             "dtype": setup.dtype, "engine_preset": setup.engine_preset,
+                                             "policy": setup.policy, "profile": str(profile)}})
         console.print(_bench_table(rows, f"{setup.model} with {profile}: measured vs simulated"))
         console.print(f"written: {', '.join(str(f) for f in files.values())}")
         tol = BENCH_P50_TOL if p50_tol is None else p50_tol
-        bad = [r for r in rows if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot")
-               and not abs(r["rel_error"]) <= tol]
+        p50 = [r for r in rows if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot")]
+        # (a metric the benchmark has no value of, such as the TPOT of one-token outputs, is not compared)
+        none = [r for r in p50 if not math.isfinite(r["measured_ms"])]
+        bad = [r for r in p50 if math.isfinite(r["measured_ms"]) and not abs(r["rel_error"]) <= tol]
+        if none:
+            console.print(f"note: {len(none)} TTFT/TPOT p50 without a measured value (e.g. TPOT of one-token "
+                          "outputs): not compared")
         if bad:
             console.print(f"[bold red]FAILED[/]: {len(bad)} TTFT/TPOT p50 errors over {tol:.0%}")
             raise typer.Exit(1)
