@@ -27,7 +27,7 @@ from batchsim.sim.measure import MIN_REQUESTS, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 from batchsim.sim.table import column
 
-__all__ = ["RunTotals", "summarize", "pool_utilization", "ms_stats", "weighted_stats", "ms_piece", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
+__all__ = ["RunTotals", "summarize", "closed_loop_throughput", "pool_utilization", "ms_stats", "weighted_stats", "ms_piece", "measured_gaps", "PERCENTILES", "LATENCY_METRICS", "MIN_REQUESTS", "rejection_kind",
            "rejections_by_kind", "latency_keys", "thin_window"]
 
 PERCENTILES = (50, 90, 99)
@@ -97,6 +97,17 @@ def ms_stats(values_s: np.ndarray) -> dict[str, float | None]:
     for p in PERCENTILES:
         out["median" if p == 50 else f"p{p}"] = float(np.percentile(v, p)) if len(v) else None
     return out
+
+
+def closed_loop_throughput(clients: float, mean_e2el_s: float, mean_think_s: float) -> float:
+    """Requests per second that ``clients`` closed-loop clients get in steady state: each cycles
+    through a request (its end-to-end time) and a think time, so X = N / (R + Z) (the response-time
+    law; Little's law over the cycle). Unlike ``request_throughput`` (the measured requests over
+    first arrival to last completion, as vllm bench serve reports a run), it leaves out the ramp-up
+    and the drain, which add about one end-to-end time to a short run's duration: what a capacity
+    in req/s must not carry."""
+    cycle = mean_e2el_s + mean_think_s
+    return float(clients) / cycle if cycle > 0 else 0.0
 
 
 def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float | None]:

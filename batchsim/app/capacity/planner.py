@@ -172,6 +172,18 @@ def unit_price(config: PlanConfig, prices: Mapping[str, float]) -> float:
     return sum(prices[hw] * g for hw, g in config.pools) / config.gpus
 
 
+def _closed_rate(config: PlanConfig, clients: float, metrics: Mapping) -> float:
+    """Requests per second ``clients`` closed-loop clients of ``config`` get (the response-time law
+    over the measured requests' mean end-to-end time and the scenario's mean think time)."""
+    from batchsim.sim.metrics import closed_loop_throughput
+
+    e2el = metrics.get("mean_e2el_ms")
+    if e2el is None:
+        return 0.0
+    arrival = (config.scenario.get("workload") or {}).get("arrival") or {}
+    return closed_loop_throughput(clients, e2el / 1000.0, float(arrival.get("think_time_s") or 0.0))
+
+
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
               prices: Mapping[str, float], source: tuple[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
@@ -187,9 +199,11 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
     for c, o in zip(configs, outcomes):
         m = o.metrics or {}
         facts = m.get("facts") or {}
-        # (a closed loop's search is over clients: its capacity in req/s is the throughput they get)
+        # (a closed loop's search is over clients: its capacity in req/s is the throughput they get in
+        # steady state, N / (mean E2E + mean think time), not the run's request_throughput, which a
+        # short run's ramp-up and drain pull low)
         closed = c.closed
-        rate = (float(m.get("request_throughput") or 0.0) if o.capacity > 0 else 0.0) if closed else o.capacity
+        rate = (_closed_rate(c, o.capacity, m) if o.capacity > 0 else 0.0) if closed else o.capacity
         row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
                "capacity_rps": rate, "capacity_estimate_rps": None if closed else o.estimate,
