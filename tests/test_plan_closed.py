@@ -120,3 +120,26 @@ def test_a_short_closed_loop_run_gives_the_steady_state_throughput_of_a_long_one
     # (measured: law +5%, request_throughput -12% against the long run's 21.1 req/s)
     assert law == pytest.approx(steady, rel=0.08)
     assert abs(law / steady - 1) < 0.5 * abs(short["request_throughput"] / steady - 1)
+
+
+def test_a_short_run_is_not_planned_at_a_rate_whose_requests_arrive_as_one_burst(tmp_path):
+    """100 requests at 1.4 million req/s all arrive before the first finishes and, served as one
+    burst, meet a loose TTFT SLO: such a point measures no rate, and the plan bisects below it. Its
+    capacity is still that of a run spanning about one E2E, which 3,000-request runs show is above
+    where the replica saturates: the plan says so (SHORT)."""
+    import pandas as pd
+
+    from batchsim.app.capacity.planner import problem_lines
+    from batchsim.app.capacity.search import BURST, FAIL, judge_gates
+
+    status, why = judge_gates({"arrival_span_s": 0.5, "median_e2el_ms": 900.0}, 1, False)
+    assert status == FAIL and BURST in why and "raise workload.num_requests" in why
+    raw = {"name": "short", "model": "llama-3-8b", "hardware": "h100-sxm", "engine_preset": "vllm-v1", "seed": 1,
+           "workload": {"num_requests": 100, "arrival": {"process": "poisson", "rate": 8},
+                        "prompt_tokens": {"dist": "lognormal", "median": 400, "p90": 1200, "max": 3000},
+                        "output_tokens": {"dist": "fixed", "value": 64}}}
+    spec = PlanSpec(slos={"p99_ttft_ms": 2000.0}, policies=("chunked_prefill",), seeds=1)
+    row = plan(scenario_from_dict(raw), spec, tmp_path / "p", executor="serial").frame.iloc[0]
+    assert row["status"] == "ok" and 20 < row["capacity_rps"] < 200  # (it was 1,435,238 req/s)
+    assert BURST in row["limit_reason"] and row["arrival_span_e2els"] < 2
+    assert any(line.startswith("SHORT ") for line in problem_lines(pd.DataFrame([row.to_dict()])))

@@ -30,7 +30,7 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
 __all__ = ["SLO_METRICS", "MIN_COMPLETED", "MIN_REQUESTS", "LOAD_DEPENDENT_REJECTIONS", "PASS", "FAIL",
-           "NOT_EVALUABLE", "REFUSED", "BOUNDS", "parse_slos", "judge", "verdict", "search", "SearchOutcome",
+           "NOT_EVALUABLE", "REFUSED", "BOUNDS", "BURST", "parse_slos", "judge", "judge_gates", "verdict", "search", "SearchOutcome",
            "nice_rate", "slo_value"]
 
 _STATS = ("mean", "median", "p90", "p99")
@@ -40,6 +40,9 @@ SLO_METRICS: tuple[str, ...] = tuple(
     f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el", "queue") for s in _STATS
 ) + ("max_itl_ms", "max_queue_ms")
 
+# A point whose requests all arrive within one E2E is a burst: a short run meets loose SLOs at any
+# rate by serving them after they have all arrived (100 requests planned at 1.4 million req/s)
+BURST = "a burst, not a sustained rate"
 MIN_COMPLETED = 0.99  # a point also fails when fewer of its measured requests complete
 
 # A rejection of these kinds (batchsim.sim.metrics.rejection_kind) is overload: it fails
@@ -122,7 +125,9 @@ def judge(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_R
     tolerated: the completion rule below counts only the requests not rejected);
     any other rejection, and any request unfinished at the horizon, fails the
     point; fewer than ``min_requests`` completed in the measured window (when
-    the point says how many), or a null SLO metric, makes it *not evaluable*;
+    the point says how many), or a null SLO metric, makes it *not evaluable*; an
+    open loop whose measured requests arrive within less than their median E2E
+    (``arrival_span_s``: :data:`BURST`) fails it, as a limit of the run's length;
     fewer than :data:`MIN_COMPLETED` of its measured requests completed fails it;
     then each SLO, by :func:`slo_value` under ``bound``.
 
@@ -139,13 +144,13 @@ def judge(metrics: Mapping, slos: Mapping[str, float], min_requests: int = MIN_R
         seeds = metrics.get("seed_values") or list(range(len(per_seed)))
         worst = None
         for seed, m in zip(seeds, per_seed):
-            status, why = judge(m, {}, min_requests, allow_rejections)
+            status, why = judge_gates(m, min_requests, allow_rejections)
             if status != PASS and (worst is None or _RANK[status] < _RANK[worst[0]]):
                 worst = (status, f"seed {seed}: {why}" if len(per_seed) > 1 else why)
         if worst is not None:
             return worst
         return _judge_slos(metrics, slos, bound)
-    status, why = _judge_gates(metrics, min_requests, allow_rejections)
+    status, why = judge_gates(metrics, min_requests, allow_rejections)
     if status != PASS:
         return status, why
     return _judge_slos(metrics, slos, bound)
@@ -161,7 +166,7 @@ def _judge_slos(metrics: Mapping, slos: Mapping[str, float], bound: str) -> tupl
     return PASS, ""
 
 
-def _judge_gates(metrics: Mapping, min_requests: int, allow_rejections: bool) -> tuple[str, str]:
+def judge_gates(metrics: Mapping, min_requests: int, allow_rejections: bool) -> tuple[str, str]:
     """Everything but the SLOs: rejections, unfinished requests, a thin window, completion."""
     rejected = int(metrics.get("all_rejected", metrics.get("rejected", 0)) or 0)
     kinds = dict(metrics.get("all_rejected_by_reason") or {})
@@ -183,6 +188,13 @@ def _judge_gates(metrics: Mapping, min_requests: int, allow_rejections: bool) ->
             return NOT_EVALUABLE, f"no request arrived in the measured window; {_REMEDY}"
         if done < min_requests:
             return NOT_EVALUABLE, f"{thin_window(done, min_requests)}; {_REMEDY}"
+    span, e2el = metrics.get("arrival_span_s"), metrics.get("median_e2el_ms")
+    if span is not None and e2el is not None and span * 1000.0 < e2el:
+        # NOTE: a short run meets loose SLOs at any rate by serving its requests as one burst after they
+        # have all arrived (100 requests planned at 1.4 million req/s); its point says nothing of a rate
+        # (a FAIL, so the search bisects below it; plan flags a capacity whose span is short: SHORT)
+        return FAIL, (f"its measured requests arrive within {span:.3g} s, less than their median E2E "
+                      f"({e2el / 1000.0:.3g} s): {BURST}; raise workload.num_requests to look higher")
     measured = int(metrics.get("measured_requests", 0) or 0) - int(metrics.get("rejected", 0) or 0)
     if measured > 0 and metrics.get("completed", 0) < MIN_COMPLETED * measured:
         return FAIL, f"only {int(metrics['completed'])} of {measured} requests completed"

@@ -39,7 +39,7 @@ from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
 from batchsim.sim.io import write_json
 from batchsim.app.capacity.grid import PlanConfig
-from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, search
+from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, judge_gates, search
 from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
 from batchsim.sim.metrics import rejections_by_kind
 
@@ -53,9 +53,10 @@ __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_
 HORIZON_SPANS = 2.0
 HORIZON_DRAINS = 10.0
 ESTIMATE_BATCH = 16  # the start rate assumes this many sequences decode together
-POINT_FORMAT = 3  # bump when a point's meaning changes (invalidates stored points)
+POINT_FORMAT = 4  # bump when a point's meaning changes (invalidates stored points)
 # 2: null latencies (not 0.0) when nothing was measured; all_rejected_by_reason
 # 3: facts (effective policy knobs, KV capacity, engine) beside the metrics
+# 4: arrival_span_s (an open loop's measured arrivals: a span shorter than their E2E is a burst)
 
 
 
@@ -213,6 +214,12 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     metrics["all_rejected"] = int(len(rejected))
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
     metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())  # (the Table's columns)
+    if getattr(sc.workload.arrival, "process", None) != "closed":  # (an open loop: how long its arrivals last)
+        from batchsim.sim.metrics import in_window
+
+        a = req["arrival"]
+        a = a[in_window(a, m.warmup_s, m.cooldown_s, m.warmup_requests, m.cooldown_requests)]
+        metrics["arrival_span_s"] = float(a.max() - a.min()) if len(a) else None
     metrics["facts"] = _facts(result.summary)
     return metrics
 
@@ -314,7 +321,7 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                 runs.append(run_seed(rate, len(runs)))
                 # NOTE: the first seed that fails a gate (drops requests, too thin a window)
                 # decides the point: no mean over more seeds can rescue it
-                if judge(runs[-1], {}, task.min_requests, task.allow_rejections)[0] != PASS:
+                if judge_gates(runs[-1], task.min_requests, task.allow_rejections)[0] != PASS:
                     break
                 if len(runs) < task.seeds:
                     continue
