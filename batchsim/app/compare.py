@@ -88,10 +88,13 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
     """The scenario with ``name`` as its policy: the same KV knobs, plus the
     knobs ``policy_knobs[name]`` gives (defaults otherwise).
 
-    The scenario's own policy keeps all its knobs (comparing it is not a swap).
+    The scenario's own policy keeps all its knobs (comparing it is not a swap); ``policy_knobs[name]``
+    sets those its policy section does not set itself (over what an engine preset filled). Either
+    way ``name`` is then the user's choice, not the preset's: a preset resolved again (another
+    device, context or preset) keeps it.
     """
     if scenario.policy.get("name") == name:
-        return scenario
+        return _own_policy(scenario, name)
     if scenario.disaggregation is not None:
         raise InputError(f"cannot run policy {name!r} on a disaggregated scenario: its pools take their policies "
                          "from disaggregation.prefill.policy and .decode.policy (or the scenario's own); compare "
@@ -106,6 +109,39 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
         mine = scenario.policy_knobs.get(name, {})
         data["engine_preset_values"] = {k: v for k, v in scenario.engine_preset_values.items()
                                         if k in keep and k not in mine}
+    return scenario_from_dict(data, f"--policies {name}")
+
+
+def _own_policy(scenario: Scenario, name: str) -> Scenario:
+    """:func:`with_policy` for the scenario's own policy: its keys win, ``policy_knobs[name]`` sets the
+    others (a section such as ``cuda_graphs`` key by key), and the preset's record no longer holds
+    ``name`` or those knobs (they are the user's)."""
+    knobs = scenario.policy_knobs.get(name, {})
+    filled = scenario.engine_preset_values
+    if "name" not in filled and not knobs:
+        return scenario
+    from batchsim.engines import user_policy
+
+    mine = user_policy(scenario)
+    policy = dict(scenario.policy)
+    record = {k: v for k, v in filled.items() if k != "name"}
+    for key, value in knobs.items():
+        section = isinstance(value, dict) and isinstance(policy.get(key), dict)
+        if key in mine and not (section and isinstance(mine[key], dict)):
+            continue  # (the scenario's own key)
+        if section:
+            own = mine.get(key, {})
+            given = {k: v for k, v in value.items() if k not in own}
+            policy[key] = {**policy[key], **given}
+            if isinstance(record.get(key), dict):
+                record[key] = {k: v for k, v in record[key].items() if k not in given}
+        else:
+            policy[key] = value
+            record.pop(key, None)
+    data = scenario_data(scenario)
+    data["policy"] = {**policy, "name": name}
+    if filled:
+        data["engine_preset_values"] = record
     return scenario_from_dict(data, f"--policies {name}")
 
 

@@ -77,8 +77,11 @@ def _pool_scenario(scenario: Scenario, name: str, spec: PoolConfig) -> Scenario:
     try:
         return scenario_from_dict(data, f"disaggregation.{name}")
     except InputError as e:
-        raise InputError(e.message, e.where.replace(f"disaggregation.{name}: policy", f"disaggregation.{name}.policy")
-                         if e.where else None) from None
+        where = e.where
+        for field in ("policy", "tensor_parallel_size"):  # (the pool's own fields; its TP: a preset's derived
+            if where:                                      # knob whose deployment does not fit)
+                where = where.replace(f"disaggregation.{name}: {field}", f"disaggregation.{name}.{field}")
+        raise InputError(e.message, where) from None
 
 
 def _pool(scenario: Scenario, parts: Parts, name: str, spec: PoolConfig, first: int) -> _Pool:
@@ -218,7 +221,7 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     summary["engine_reason"] = ENGINE_REASON
     if scenario.overheads.updates() or fe is not None:  # (the frontend a request meets: the prefill pool's;
         summary["overheads"] = overhead_terms(pre.parts.cost)  # each pool's own terms: disaggregation.pools)
-    preset = preset_report(scenario)
+    preset = _preset_report(pre, dec)
     if preset is not None:
         summary["engine_preset"] = preset
     kv0 = dec.caches[0]
@@ -235,6 +238,39 @@ def simulate_disagg(scenario: Scenario, parts: Parts, replica: Callable[..., Rep
     summary["provenance"] = prov
     engine = {"steps": len(steps), "engine": "python"}
     return RunResult(scenario, summary, requests, step_df, itl, meta, engine)
+
+
+_PRESET_FROM = ("preset", "scenario", "scenario and preset")
+
+
+def _preset_report(pre: _Pool, dec: _Pool) -> dict | None:
+    """The engine preset's report (:func:`batchsim.engines.preset_report`) of each pool as it ran: the
+    pools resolve the preset for their own hardware, TP and policy. ``knobs`` has one entry per knob,
+    the pools' own when they agree, else with its ``value`` per pool (``{prefill: .., decode: ..}``), so
+    the run's preset line reads as a colocated run's; ``pools`` has each pool's knobs whole."""
+    reports = {p.name: preset_report(p.scenario) for p in (pre, dec)}
+    if any(r is None for r in reports.values()):
+        return None
+    first, second = reports["prefill"]["knobs"], reports["decode"]["knobs"]
+    knobs = {}
+    for key in dict.fromkeys([*first, *second]):
+        a, b = first.get(key), second.get(key)
+        if a == b:
+            knobs[key] = a
+            continue
+        entries = {"prefill": a, "decode": b}
+        froms = {n: str((e or {}).get("from", "left out")) for n, e in entries.items()}
+        if len(set(froms.values())) == 1:
+            how = froms["prefill"]
+        elif all(f in _PRESET_FROM for f in froms.values()):
+            how = "scenario and preset"
+        else:  # (one pool left it out: its policy has no such knob)
+            how = "left out " + "; ".join(f"in the {n} pool: {f.removeprefix('left out: ')}"
+                                          for n, f in froms.items() if f not in _PRESET_FROM)
+        knobs[key] = {"value": {n: (e or {}).get("value") for n, e in entries.items()}, "from": how,
+                      "source": (a or b or {}).get("source", "")}
+    return {**reports["prefill"], "knobs": knobs,
+            "pools": {n: r["knobs"] for n, r in reports.items()}}
 
 
 def ttft_parts(requests, prealloc: bool = False) -> dict[str, np.ndarray]:

@@ -30,16 +30,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from batchsim.sim.errors import InputError
 
 __all__ = ["PRESETS", "Preset", "load_preset", "apply_preset", "preset_report", "preset_markdown",
-           "vllm_v1_capture_sizes"]
+           "vllm_v1_capture_sizes", "device_names", "user_policy"]
 
 _DIR = Path(__file__).parent
 PRESETS: tuple[str, ...] = tuple(sorted(p.stem for p in _DIR.glob("*.yaml")))
 
 
 class Rule(BaseModel):
-    """A deployment-dependent value: applies when the device has at least ``min_memory_gib``, its
-    name contains none of ``except_names``, and the context length (``max_model_len``, else the
-    model's) is at least ``min_context_tokens``; the last rule that applies wins."""
+    """A deployment-dependent value: applies when the device has at least ``min_memory_gib``, none of
+    its names (:func:`device_names`: a calibrated profile's also name the device it was made from)
+    contains any of ``except_names``, and the context length (``max_model_len``, else the model's) is
+    at least ``min_context_tokens``; the last rule that applies wins."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     min_memory_gib: float = Field(0.0, ge=0)
@@ -115,16 +116,32 @@ def _count(policy: dict, key: str, default: int) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
 
+def device_names(hw) -> tuple[str, ...]:
+    """The names that say which device a hardware profile is (lower case), for the presets' rules by
+    device: the profile's own name, and, for a calibrated profile (which ``--name`` may call anything),
+    the profile it was fitted from (``provenance.from_bench.base_profile``, written by ``calibrate
+    --from-bench``) and the device its kernels were timed on (``provenance.calibration.device``)."""
+    prov = getattr(hw, "provenance", None) or {}
+    bench, cal = prov.get("from_bench"), prov.get("calibration")
+    names = [hw.name, bench.get("base_profile") if isinstance(bench, dict) else None,
+             cal.get("device") if isinstance(cal, dict) else None]
+    return tuple(dict.fromkeys(str(n).lower() for n in names if isinstance(n, str) and n))
+
+
+def _named(hw, *parts: str) -> bool:
+    """Whether one of the profile's :func:`device_names` contains one of ``parts``."""
+    return any(x in name for name in device_names(hw) for x in parts)
+
+
 def _blackwell(hw) -> bool:
     """vLLM's ``is_device_capability_family(100)``: data-centre Blackwell (B200, GB200, B300, GB300)."""
-    name = hw.name.lower()
-    return any(x in name for x in ("b200", "b300"))
+    return _named(hw, "b200", "b300")
 
 
 def _rocm(hw) -> bool:
-    """An AMD Instinct GPU (ROCm/HIP), by the profile's name."""
-    name = hw.name.lower()
-    return name.startswith("mi") or any(x in name for x in ("instinct", "-mi", "amd", "rocm"))
+    """An AMD Instinct GPU (ROCm/HIP), by the profile's names."""
+    return (any(name.startswith("mi") for name in device_names(hw))
+            or _named(hw, "instinct", "-mi", "amd", "rocm"))
 
 
 def vllm_v1_capture_sizes(seqs: int, tokens: int, blackwell: bool = False) -> list[int]:
@@ -208,7 +225,7 @@ def _derive(kind: str, scenario, policy: dict, hw=None):
     if kind == "vllm_v0_cuda_graphs":
         return _vllm_v0_graphs(policy)
     if kind == "sglang_cuda_graphs":
-        running = _count(_user_policy(scenario), "max_num_seqs", 0)
+        running = _count(user_policy(scenario), "max_num_seqs", 0)
         return _sglang_graphs(policy, hw, int(scenario.tensor_parallel_size), str(scenario.model), running)
     if kind == "max_model_len_at_least_2048":  # vLLM V0: without chunked prefill; with it (> 32K), 2048
         return 2048 if policy.get("name") == "chunked_prefill" else max(_context(scenario, policy), 2048)
@@ -216,26 +233,40 @@ def _derive(kind: str, scenario, policy: dict, hw=None):
     # capped at the chunk budget (batchsim's decode steps share it)
     from batchsim.app.runner import build_cost
 
-    cost = build_cost(scenario)
     budget = _count(policy, "max_num_batched_tokens", 8192) or 8192  # (a bad value: its own check names it)
     util = policy.get("gpu_memory_utilization", 0.9)
     util = float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1 else 0.9
-    cap = cost.kv_capacity_tokens(util, max_num_batched_tokens=budget, max_num_seqs=2048)
+    try:
+        cap = build_cost(scenario).kv_capacity_tokens(util, max_num_batched_tokens=budget, max_num_seqs=2048)
+    except InputError as e:
+        if scenario.disaggregation is not None:  # (its pools run it: each resolves the preset for its own TP)
+            raise _PerPool(f"resolved for each disaggregation pool (the top-level deployment: {e.message})") from None
+        if e.where is None and "raise --tp" in e.message:  # (the scenario's field, not the cost command's --tp)
+            raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size"),
+                             "tensor_parallel_size") from None
+        raise
     running = min(max(int(cap / _context(scenario, policy) * 512), 2048), 4096)
     return max(1, min(running, cap // 2, budget))
 
 
+class _PerPool(Exception):
+    """A derived knob a disaggregated scenario's top level cannot resolve (its deployment does not
+    fit there) and its pools resolve for themselves; the text says why."""
+
+
 def _value(knob: Knob, scenario, policy: dict, hw) -> tuple[bool, Any]:
-    """(applies, value) of ``knob`` for this deployment."""
+    """(applies, value) of ``knob`` for this deployment; (False, why it is left out) otherwise."""
     if knob.when == "prefix_hashes" and not _has_prefix_hashes(scenario):
-        return False, None
+        return False, "the workload names no shared prefixes"
     if knob.derive is not None:
-        return True, _derive(knob.derive, scenario, policy, hw)
+        try:
+            return True, _derive(knob.derive, scenario, policy, hw)
+        except _PerPool as e:
+            return False, str(e)
     value = knob.value
-    name = hw.name.lower()
     context = _context(scenario, policy) if any(r.min_context_tokens for r in knob.rules) else 0
     for rule in knob.rules:
-        if (hw.memory_gib >= rule.min_memory_gib and not any(x in name for x in rule.except_names)
+        if (hw.memory_gib >= rule.min_memory_gib and not _named(hw, *rule.except_names)
                 and context >= rule.min_context_tokens
                 and (rule.when_policy is None or rule.when_policy == policy.get("name"))):
             value = rule.value
@@ -252,7 +283,7 @@ def _fields(policy_name: str) -> set[str] | None:
     return set(cls.Config.model_fields)
 
 
-def _user_policy(scenario) -> dict:
+def user_policy(scenario) -> dict:
     """The policy keys the scenario itself set: not those a preset filled before and that still hold
     the preset's value (a key a job or the user changed since is theirs)."""
     if "policy" not in scenario.model_fields_set:
@@ -275,7 +306,7 @@ def _resolve(scenario) -> tuple[dict, dict, dict]:
     an engine preset."""
     preset = load_preset(scenario.engine_preset)
     hw = _hardware(scenario)
-    user = _user_policy(scenario)
+    user = user_policy(scenario)
     name_knob = preset.policy.get("name")
     merged: dict[str, Any] = {}
     report: dict[str, dict] = {}
@@ -309,25 +340,25 @@ def _resolve(scenario) -> tuple[dict, dict, dict]:
             merged[key] = filled[key] = value
             report[key] = {"value": value, "from": "preset", "source": knob.source}
         else:
-            report[key] = {"value": None, "from": "left out: the workload names no shared prefixes",
-                           "source": knob.source}
+            report[key] = {"value": None, "from": f"left out: {value}", "source": knob.source}
     merged.update({k: v for k, v in user.items() if not (isinstance(v, dict) and isinstance(merged.get(k), dict))})
     return merged, report, filled
 
 
 def apply_preset(scenario):
     """``scenario`` with its preset's knobs in its policy section (its own keys win), resolved for
-    its deployment; ``engine_preset_values`` records what the preset filled. Without a preset,
-    the values an earlier preset filled (and that nobody changed since) are taken out again."""
+    its deployment; ``engine_preset_values`` records what the preset filled. The values an earlier
+    preset filled and that nobody changed since are taken out again: all of them without a preset
+    now, and those of another preset (``--set engine_preset=...``, ``plan --knob engine_preset=...``)
+    that this one does not set. A recorded key that no preset sets was not written by batchsim: an error."""
+    unknown = set(scenario.engine_preset_values) - {k for name in PRESETS for k in load_preset(name).policy}
+    if unknown:
+        raise InputError(f"names {', '.join(sorted(unknown))}, which no engine preset sets; this field is "
+                         "batchsim's record of what the preset filled: delete it", "engine_preset_values")
     if scenario.engine_preset is None:
-        user = _user_policy(scenario)
+        user = user_policy(scenario)
         return scenario.model_copy(update={"policy": user if "name" in user else {"name": "continuous", **user},
                                            "engine_preset_values": {}})
-    unknown = set(scenario.engine_preset_values) - set(load_preset(scenario.engine_preset).policy)
-    if unknown:
-        raise InputError(f"names {', '.join(sorted(unknown))}, which preset {scenario.engine_preset!r} does not "
-                         "set; this field is batchsim's record of what the preset filled: delete it",
-                         "engine_preset_values")
     merged, _, filled = _resolve(scenario)
     return scenario.model_copy(update={"policy": merged, "engine_preset_values": filled})
 

@@ -3,8 +3,11 @@
 Each configuration is the scenario with one replica, its ``hardware``,
 ``tensor_parallel_size`` and policy swapped (:func:`batchsim.app.compare.with_policy`:
 the scenario's own policy keeps its knobs, another gets
-``policy_knobs[name]`` or its defaults, and the KV knobs are shared), then
-every ``--knob dotted.key=v1,v2`` value applied. A ``policy.*`` knob applies
+``policy_knobs[name]`` or its defaults, and the KV knobs are shared; a policy
+named by ``--policies`` is the user's, so an engine preset resolved again for the
+configuration keeps it), then every ``--knob dotted.key=v1,v2`` value applied.
+Without ``--policies`` the scenario's own policy runs as it resolves for each
+configuration, and the row names that policy. A ``policy.*`` knob applies
 only to the policies whose config has that field (``max_queue_delay_s``
 means nothing to chunked prefill); a knob no chosen policy has is an error.
 Every configuration is validated here, before any simulation runs.
@@ -140,8 +143,11 @@ def _applies(key: str, policy: str) -> bool:
     return key.split(".")[1] in policy_class(policy).Config.model_fields
 
 
-def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple,
-            deployment: str | tuple[int, int] = COLOCATED) -> PlanConfig:
+def _config(base: Scenario, hardware: str, tp: int, policy: str | None, knobs: tuple,
+            deployment: str | tuple[int, int] = COLOCATED, preset_pick: str | None = None) -> PlanConfig:
+    """One configuration; ``policy`` None: the scenario's own, as it resolves for the configuration
+    (an engine preset's pick may follow the device, the context or the preset knob). ``preset_pick``:
+    the scenario's own policy when its engine preset picked it."""
     from batchsim.app.compare import policy_config, scenario_data
     from batchsim.app.sweep import with_concurrency, with_rate
 
@@ -161,9 +167,22 @@ def _config(base: Scenario, hardware: str, tp: int, policy: str, knobs: tuple,
         data.pop("replicas", None)
         data.pop("router", None)
         name = f"{x}P{y}D"
-    label = " ".join(v for v in (f"{hardware} tp{tp} {name}", knob_label(knobs)) if v)
+    def titled(what: str) -> str:
+        return " ".join(v for v in (f"{hardware} tp{tp} {what}", knob_label(knobs)) if v)
+
     data = apply_overrides(data, [f"{k}={json.dumps(v)}" for k, v in knobs])
-    sc = scenario_from_dict(data, f"configuration '{label}'")
+    sc = scenario_from_dict(data, f"configuration '{titled(name or base.policy['name'])}'")
+    if name is None:
+        name = policy = str(sc.policy["name"])
+    elif name == preset_pick and "name" not in sc.engine_preset_values:
+        # (asked for by name, the user's choice: with_policy. Where the preset picks it here too, it is
+        # recorded as the preset's again, as the scenario loaded for this configuration has it)
+        alt = scenario_data(sc)
+        alt["engine_preset_values"] = {**alt.get("engine_preset_values", {}), "name": name}
+        again = scenario_from_dict(alt, f"configuration '{titled(name)}'")
+        if again.policy == sc.policy:
+            data, sc = alt, again
+    label = titled(name)
     policy_config(sc)  # a bad knob value fails here, before any run
     closed = is_closed(sc)
     if closed:
@@ -205,15 +224,20 @@ def build_configs(scenario: Scenario, hardware: Sequence[str] = (), tps: Sequenc
         data = scenario_data(scenario)
         data.pop("disaggregation")
         colocated = scenario_from_dict(data, "the scenario, colocated")
+    preset_pick = str(colocated.policy["name"]) if "name" in colocated.engine_preset_values else None
     configs: dict[str, PlanConfig] = {}
     for kind in kinds:
         own = (str(scenario.policy["name"]),)  # (a deployment's pools name their policies themselves)
         for hw, tp, p in itertools.product(hws, tp_list, names if kind == COLOCATED else own):
-            base = with_policy(colocated if kind == COLOCATED else scenario, p)
+            # (a policy asked for by name is the user's: with_policy; else the scenario's own runs as
+            # it resolves for each configuration, and the row names what resolved)
+            named = kind == COLOCATED and bool(policies)
+            base = with_policy(colocated, p) if named else (colocated if kind == COLOCATED else scenario)
             # (a disaggregation.* knob, such as a pool's hardware, is the deployments' alone)
             mine = [(k, vals) for k, vals in knobs if _applies(k, p)
                     and not (kind == COLOCATED and k.startswith("disaggregation."))]
             for combo in itertools.product(*(vals for _, vals in mine)):
-                c = _config(base, hw, tp, p, tuple((k, v) for (k, _), v in zip(mine, combo)), kind)
+                c = _config(base, hw, tp, p if named or kind != COLOCATED else None,
+                            tuple((k, v) for (k, _), v in zip(mine, combo)), kind, preset_pick)
                 configs.setdefault(c.label, c)
     return list(configs.values())
