@@ -117,12 +117,17 @@ def test_token_split_prompt_padding_vs_dead_slots():
 def test_load_window_offered_and_served():
     # arrivals 0..4, window [1, 4] (3 s): requests 1-4 offer 4 x 10 tokens.
     req = requests_frame([dict(rid=i, arrival=float(i), output_tokens=10, first_token=i + 0.5) for i in range(5)])
-    steps = steps_frame([dict(end=0.5, decode_tokens=100), dict(end=2.0, decode_tokens=7),
-                         dict(end=3.9, decode_tokens=5), dict(end=4.5, decode_tokens=100)])
-    w = load_window(req, steps)
+    # replica 0 delivers token steps at 0.5, 1.0, 2.0, 3.9, 4.0, 4.5; replica 1 at 0.9, 3.0.
+    # Runs (rid, replica, start, end, entry): rid 0's first token at step 0 and its tokens to step 5
+    # (in the window: 1.0, 2.0, 3.9, 4.0); rid 1 from step 1 (after a gap) to 2 (1.0, 2.0); rid 2
+    # on replica 1, its first token at 0.9 (not counted here: first tokens come from first_token)
+    # and one at 3.0.
+    itl = ItlRecords([np.array([0.5, 1.0, 2.0, 3.9, 4.0, 4.5]), np.array([0.9, 3.0])],
+                     [0, 1, 2], [0, 0, 1], [0, 1, 0], [5, 2, 1], [np.nan, 0.5, np.nan])
+    w = load_window(req, itl)
     assert w["offered_output_throughput"] == pytest.approx(40 / 3)
-    # first tokens at 1.5, 2.5, 3.5 + decodes 7 + 5
-    assert w["served_output_throughput"] == pytest.approx((3 + 12) / 3)
+    # first tokens at 1.5, 2.5, 3.5 + later tokens 4 + 2 + 1
+    assert w["served_output_throughput"] == pytest.approx((3 + 7) / 3)
 
 
 def test_measured_window_and_latency_samples():

@@ -278,7 +278,8 @@ def ttft_parts(requests, prealloc: bool = False) -> dict[str, np.ndarray]:
     admission), ``prefill`` (to the prompt's last step's end), ``transfer`` (to the KV's arrival at
     the decode replica: waiting for decode blocks and the link, and the transfer's part not
     overlapped with the prefill), ``decode_first`` (to the first token: the decode replica's first
-    step with ``first_token: decode``, 0 with ``prefill``). With a frontend, ``frontend_in`` comes
+    step with ``first_token: decode``; with ``prefill`` the decode replica's frontend streaming the
+    token, 0 without a frontend). With a frontend, ``frontend_in`` comes
     first. With ``prealloc`` (pairing at_arrival) ``decode_blocks`` (arrival at the engine to the
     decode replica's pre-allocation) comes before ``queue``, which then starts there. The parts add
     up to ``ttft``."""

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 import simpy
+from pydantic import ValidationError
 
 from batchsim import policies
 from batchsim.calibrate.costmodel import RooflineCostModel
@@ -128,7 +129,18 @@ def _hardware(scenario: Scenario):
     data = hw.model_dump(mode="json")
     for field, terms in updates.items():
         data[field] = {**data.get(field, {}), **terms}
-    return type(hw).model_validate(data)
+    try:
+        return type(hw).model_validate(data)
+    except ValidationError as e:
+        # NOTE: each term passed its own bounds in the scenario; what fails here is a check across
+        # terms (host_overhead's per_step_us + per_decode_step_us >= 0), with the profile's values
+        # filling the terms the scenario left unset: name the section as the scenario spells it.
+        err = e.errors()[0]
+        loc = [str(p) for p in err.get("loc", ())]
+        section = {"host_overhead": "host", "frontend": "frontend"}.get(loc[0], loc[0]) if loc else ""
+        where = ".".join(["overheads", section, *loc[1:]]) if section else "overheads"
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        raise InputError(f"{msg} (the terms not set here are hardware profile {hw.name}'s)", where) from None
 
 
 def build_cost(scenario: Scenario) -> RooflineCostModel:

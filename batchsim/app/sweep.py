@@ -129,7 +129,7 @@ def sweep_task(task: SweepTask) -> SweepPoint:
     result, meta = simulate_task(task.run)
     summary = {k: v for k, v in result.summary.items() if k != "policy"}
     row = {"policy": task.run.label, "rate": task.rate, "seed_index": task.run.seed_index,
-           **load_window(result.requests, result.steps), **summary}
+           **load_window(result.requests, result.itl), **summary}
     return SweepPoint(row, meta)
 
 

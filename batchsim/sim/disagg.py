@@ -25,8 +25,10 @@ The mechanism, as the engines that ship it run it (docs/disaggregation.md gives 
    prefill replica's blocks are freed at the transfer's end.
 5. The request joins the decode replica's waiting queue holding its KV, and that pool's policy
    runs it like any other. ``first_token: prefill`` (SGLang): the token sampled on the prefill
-   replica travels with the KV and reaches the client when the transfer ends, so TTFT = queue +
-   prefill + transfer; the decode replica continues from the second token. ``first_token: decode``
+   replica travels with the KV and reaches the client when the transfer ends and the decode replica's
+   frontend has streamed it (:func:`~batchsim.sim.frontend.delivered_at`, as for the tokens its steps
+   emit), so TTFT = queue + prefill + transfer (+ that frontend's out time when priced); the decode
+   replica continues from the second token. ``first_token: decode``
    (vLLM's NixlConnector): the decode replica recomputes the last prompt token (its
    ``num_computed_tokens`` is the prompt less one) and samples the first token itself.
 
@@ -54,6 +56,7 @@ import numpy as np
 import simpy
 
 from batchsim.sim.engine import Cluster, Replica, queue_full
+from batchsim.sim.frontend import delivered_at
 from batchsim.sim.state import COMPLETED, REJECTED, Seq
 from batchsim.sim.types import Workload
 
@@ -403,6 +406,10 @@ class DisaggCluster(Cluster):
         p = seq.prompt_tokens
         if self.first_token == "prefill":  # (the prefill's token arrives with the KV: SGLang)
             seq.num_computed, seq.num_tokens, seq.num_generated = p, p + 1, 1
+            # (and reaches its client through the decode replica's frontend, as the tokens it emits do)
+            fe = dst._frontend
+            if fe is not None:
+                end = dst._out_free = delivered_at(end, dst._out_free, 1, fe[2], fe[3])
             seq.first_token = seq.last_token = end
             if seq.output_tokens <= 1:
                 seq.finished, seq.status, seq.completion, seq.replica = True, COMPLETED, end, dst.index

@@ -105,14 +105,20 @@ def run_command(path: str | Path, user_sets: Sequence[str], target: dict) -> str
     name = str(target.get("policy", {}).get("name"))
     swap = name if name != str(base.get("policy", {}).get("name")) else None
     tries = []
-    if swap:
+
+    def by_name(policy: str) -> None:
         try:
-            sets = scenario_sets(_loaded(path, swap, user), target)
+            sets = scenario_sets(_loaded(path, policy, user), target)
         except Exception:  # noqa: BLE001 - no swap gives it (then the policy is spelled out below)
             sets = None
-        if sets is not None and not any(s.split("=", 1)[0].split(".")[0] == "policy" for s in sets):
-            tries.append((swap, user + sets))  # the swap gives the policy as it ran
+        if sets is not None:  # (checked below: it must load as the row's scenario, --set policy keys too)
+            tries.append((policy, user + sets))  # running it by name gives the policy as it ran
+
+    if swap:
+        by_name(swap)
     tries.append((None, user + scenario_sets(base, target)))  # the policy spelled out
+    if not swap and name != "None":  # (the file's own policy, run by name: a name a preset would re-pick
+        by_name(name)                # otherwise, and its policy_knobs entry, as the row ran it)
     for policy, sets in tries:
         try:
             if _unset_defaults(_loaded(path, policy, sets)) != _unset_defaults(target):
