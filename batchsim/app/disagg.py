@@ -97,7 +97,7 @@ def _pool(scenario: Scenario, parts: Parts, name: str, spec: PoolConfig, first: 
         own = spec.policy is not None and (e.where or "").startswith("policy")
         field = e.where if own or e.where in ("tensor_parallel_size",) else None
         at = f"{where}.{field}" if field else (f"{where}: {e.where}" if e.where else where)
-        raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size"), at) from None
+        raise InputError(e.message, at) from None
     cfg = pols[0].config
     if not isinstance(cfg, IterationConfig):
         # (a padded batch counts the blocks of the batch it releases as free for the next one, which a

@@ -284,12 +284,7 @@ def simulate(scenario: Scenario, parts: Parts, replica: Callable[..., Replica] =
     steps = StepStream(step_totals, step_sink)
     pols = [policies.create_policy(scenario.policy) for _ in range(scenario.replicas)]
     _check_max_model_len(pols[0].config, parts)
-    try:
-        caches = [_kv_cache(parts, p.config) for p in pols]
-    except InputError as e:  # does not fit: the hint names the scenario's field, not the cost command's --tp
-        if e.where is not None or "raise --tp" not in e.message:
-            raise
-        raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size")) from None
+    caches = [_kv_cache(parts, p.config) for p in pols]
     max_len = min(parts.max_model_len, pols[0].config.max_model_len or parts.max_model_len)
     fe = getattr(parts.cost, "frontend", None)
     engine_wl = parts.workload  # (what the engine's queue receives: an open loop past the frontend)

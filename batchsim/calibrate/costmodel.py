@@ -429,7 +429,7 @@ class RooflineCostModel:
                 f"{gpu_memory_utilization:g} x {hw.memory_gib:g} GiB = {usable / gib:.1f} GiB per GPU, but weights "
                 f"take {self.weight_bytes_per_gpu / gib:.1f} GiB, runtime reserve {reserve / gib:.1f} GiB and "
                 f"activations {act / gib:.1f} GiB, leaving {free / gib:.1f} GiB for the KV cache; "
-                f"raise --tp or use a smaller dtype")
+                f"raise tensor_parallel_size or use a smaller dtype")
         return int(free // per_token)
 
     def kv_capacity_blocks(self, gpu_memory_utilization: float, block_size: int = 16, **kw: int) -> int:

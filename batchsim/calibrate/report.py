@@ -65,8 +65,8 @@ def cost_report(model: str, hardware: str, tp: int = 1, dtype: str = "bf16", pre
     useful = cost.flops if useful is None else useful
     try:
         kv_tokens, kv_error = cm.kv_capacity_tokens(gpu_memory_utilization), None
-    except InputError as e:
-        kv_tokens, kv_error = None, str(e)
+    except InputError as e:  # (this command's option for the deployment's size is --tp)
+        kv_tokens, kv_error = None, str(e).replace("raise tensor_parallel_size", "raise --tp")
     ops = [{"name": o.name, "seconds": o.seconds, "flops": o.flops, "bytes": o.bytes, "bound": o.bound}
            for o in cost.breakdown or ()]
     return {

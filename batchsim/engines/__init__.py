@@ -241,9 +241,8 @@ def _derive(kind: str, scenario, policy: dict, hw=None):
     except InputError as e:
         if scenario.disaggregation is not None:  # (its pools run it: each resolves the preset for its own TP)
             raise _PerPool(f"resolved for each disaggregation pool (the top-level deployment: {e.message})") from None
-        if e.where is None and "raise --tp" in e.message:  # (the scenario's field, not the cost command's --tp)
-            raise InputError(e.message.replace("raise --tp", "raise tensor_parallel_size"),
-                             "tensor_parallel_size") from None
+        if e.where is None and "does not fit" in e.message:  # (the deployment's size: the scenario's field)
+            raise InputError(e.message, "tensor_parallel_size") from None
         raise
     running = min(max(int(cap / _context(scenario, policy) * 512), 2048), 4096)
     return max(1, min(running, cap // 2, budget))
