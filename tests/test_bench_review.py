@@ -174,3 +174,13 @@ def test_fitting_every_benchmark_says_so_rather_than_one_benchmark_only(tmp_path
                                    "--fit-on", "rate=3.0", "--fit-on", "rate=9.0", "--out", str(tmp_path / "p.yaml")])
     assert res.exit_code == 0, res.output
     assert "every benchmark was fitted" in res.output and "one benchmark only" not in res.output
+
+
+def test_a_profile_fitted_again_keeps_the_device_it_started_from(tmp_path):
+    from batchsim.calibrate.hardware import save_hardware
+
+    runs = load_runs([write_vllm_bench(tmp_path / "r.json", _run("rate=4", 4.0, n=30))])
+    first = fit_bench(runs, BenchSetup(model="llama-3-8b", hardware="a100-80gb"), name="prod-gpu")
+    path = save_hardware(first.profile, tmp_path / "prod.yaml")
+    again = fit_bench(runs, BenchSetup(model="llama-3-8b", hardware=str(path)), name="prod-gpu-2")
+    assert again.profile.provenance["from_bench"]["base_profile"] == "a100-80gb"

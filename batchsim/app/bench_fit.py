@@ -451,7 +451,10 @@ def _profile(hw, fit: BenchFit, name: str | None):
         "rounds": len(fit.rounds),
         "converged": fit.converged,
         "model": fit.setup.model, "tensor_parallel_size": fit.setup.tensor_parallel_size,
-        "engine_preset": fit.setup.engine_preset, "policy": fit.setup.policy, "base_profile": hw.name,
+        # (the device the chain of calibrations started from: a profile fitted again keeps it, so the
+        # presets' rules by device still see it whatever --name the profiles took)
+        "engine_preset": fit.setup.engine_preset, "policy": fit.setup.policy,
+        "base_profile": ((hw.provenance or {}).get("from_bench") or {}).get("base_profile") or hw.name,
         "held_out_p50_abs_error_max": max((abs(r["rel_error"]) for r in held), default=None),
         "method": "batchsim.app.bench_fit: per-request TTFT and TPOT residual regressions, iterated",
     }
