@@ -325,3 +325,19 @@ def test_sglang_on_a_disaggregated_deployment_resolves_its_running_cap_per_pool(
         simulate(sc, build_parts(sc))
     assert e.value.where == "disaggregation.prefill.tensor_parallel_size"
     assert "raise tensor_parallel_size" in e.value.message
+
+
+def test_run_policy_with_set_policy_sets_the_policy_that_runs(tmp_path):
+    """``batchsim run F --policy P --set policy.K=V``: the override is P's, not lost with the file's
+    policy in the swap (it was, silently, and the report said the preset's value)."""
+    from batchsim.app.compare import load_with_policy
+    from batchsim.engines import preset_report
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama-3-8b\nhardware: h100-sxm\nengine_preset: vllm-v1\n"
+                    "workload: {num_requests: 10}\n")
+    sc = load_with_policy(path, "continuous", ["policy.max_num_seqs=7"])
+    assert sc.policy["name"] == "continuous" and sc.policy["max_num_seqs"] == 7
+    assert preset_report(sc)["knobs"]["max_num_seqs"]["from"] == "scenario"
+    same = load_with_policy(path, None, ["policy.max_num_seqs=7"])  # (no swap: the file's policy)
+    assert same.policy["name"] == "chunked_prefill" and same.policy["max_num_seqs"] == 7

@@ -48,17 +48,11 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a s
 
 def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None):
     from batchsim.app.builtin import builtin_scenario_path
-    from batchsim.app.config import load_scenario
+    from batchsim.app.compare import load_with_policy
 
     path = scenario if scenario is not None else builtin_scenario_path()
-    sets = list(overrides or [])
-    sc = load_scenario(path, sets)
-    if policy:
-        from batchsim.app.compare import with_policy
-
-        # (the swap compare, sweep and plan make: the scenario's policy_knobs for it, its KV knobs)
-        sc = with_policy(sc, policy)
-    return sc, Path(path).resolve().parent
+    # (with --policy, the swap compare, sweep and plan make; --set policy.* then sets the policy that runs)
+    return load_with_policy(path, policy, overrides or []), Path(path).resolve().parent
 
 
 def _naming_file(scenario: Path | None, fn, *args):
@@ -78,7 +72,7 @@ def _naming_file(scenario: Path | None, fn, *args):
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
-    policy: Annotated[Optional[str], typer.Option(help="run this policy instead of the scenario's, with the scenario's policy_knobs for it (as compare and plan do)")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="run this policy instead of the scenario's, with the scenario's policy_knobs for it (as compare and plan do); --set policy.K=V then sets its knobs")] = None,
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="output folder (default runs/<scenario>-<policy>)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary JSON on stdout instead of a table")] = False,

@@ -112,6 +112,23 @@ def with_policy(scenario: Scenario, name: str) -> Scenario:
     return scenario_from_dict(data, f"--policies {name}")
 
 
+def load_with_policy(path, policy: str | None, sets: Sequence[str]) -> Scenario:
+    """The scenario ``batchsim run PATH [--policy P] --set ...`` runs: the file with the overrides and,
+    with ``P``, the swap compare, sweep and plan make (:func:`with_policy`), after which the ``--set
+    policy.*`` overrides apply to ``P``, the policy that runs (before the swap they would set the
+    file's policy and be lost with it)."""
+    from batchsim.app.config import apply_overrides, load_scenario
+
+    sets = list(sets)
+    if not policy:
+        return load_scenario(path, sets)
+    own = [s for s in sets if s.split("=", 1)[0].strip().split(".")[0] == "policy"]
+    sc = with_policy(load_scenario(path, [s for s in sets if s not in own]), policy)
+    if not own:
+        return sc
+    return scenario_from_dict(apply_overrides(scenario_data(sc), own), str(path))
+
+
 def _own_policy(scenario: Scenario, name: str) -> Scenario:
     """:func:`with_policy` for the scenario's own policy: its keys win, ``policy_knobs[name]`` sets the
     others (a section such as ``cuda_graphs`` key by key), and the preset's record no longer holds

@@ -62,11 +62,9 @@ def scenario_sets(base: dict, target: dict) -> list[str]:
 
 
 def _loaded(path: str, policy: str | None, sets: Sequence[str]) -> dict:
-    from batchsim.app.compare import scenario_data, with_policy
-    from batchsim.app.config import load_scenario
+    from batchsim.app.compare import load_with_policy, scenario_data
 
-    sc = load_scenario(path, list(sets))
-    data = scenario_data(with_policy(sc, policy) if policy else sc)
+    data = scenario_data(load_with_policy(path, policy, sets))
     if "disaggregation" in data and data["disaggregation"] is None:  # (set to null: as if never set)
         del data["disaggregation"]
     return data
