@@ -184,3 +184,27 @@ def test_a_profile_fitted_again_keeps_the_device_it_started_from(tmp_path):
     path = save_hardware(first.profile, tmp_path / "prod.yaml")
     again = fit_bench(runs, BenchSetup(model="llama-3-8b", hardware=str(path)), name="prod-gpu-2")
     assert again.profile.provenance["from_bench"]["base_profile"] == "a100-80gb"
+
+
+def test_guidellm_replay_survives_a_last_request_of_one_token(tmp_path):
+    run = _run("poisson@4", 4.0, n=20)
+    out = run.output_tokens.copy()
+    last = int(np.argmax(run.start))
+    out[last] = 1
+    lat = run.latency.copy()
+    lat[last] = run.ttft[last]
+    lens = np.maximum(out - 1, 0)
+    gaps = np.concatenate([run.gaps(i)[:lens[i]] for i in range(len(run))])
+    one = dataclasses.replace(run, output_tokens=out, latency=lat, itl_gaps=gaps,
+                              itl_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    mean = one.with_mean_gaps()
+    assert len(mean.itl_gaps) == len(gaps) and mean.gaps(last).size == 0
+    path = write_guidellm(tmp_path / "g.json", [one])
+    assert validate_bench(load_runs([path]), SETUP, str(_truth_profile(tmp_path)))
+
+
+def test_files_naming_two_models_are_refused_even_if_one_is_not_in_the_catalog():
+    run = _run("rate=4", 4.0, n=10)
+    with pytest.raises(InputError, match="several models"):
+        bench_model([dataclasses.replace(run, model="Qwen/Qwen3-8B"),
+                     dataclasses.replace(run, model="meta-llama/Llama-3.1-8B-Instruct")], None)

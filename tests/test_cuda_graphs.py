@@ -148,6 +148,7 @@ def test_a_scenario_can_turn_the_presets_graphs_off_and_the_summary_says_so():
     assert sc.policy["cuda_graphs"] is None
     knob = preset_report(sc)["knobs"]["cuda_graphs"]
     assert knob["from"] == "scenario" and knob["preset_value"]["step_sizes"][-1] == 512
+    assert _scenario("vllm-v1", cuda_graphs={}).policy["cuda_graphs"] == {}  # (a section with no sizes: off too)
 
 
 def test_one_key_of_the_graphs_section_keeps_the_presets_sizes_and_follows_the_deployment():

@@ -75,6 +75,7 @@ def test_a_closed_loop_plan_searches_clients_and_prices_their_throughput(tmp_pat
     n = int(r["capacity_clients"])  # (steady state: N clients / (mean E2E + think time))
     assert r["capacity_rps"] == pytest.approx(n / (s["mean_e2el_ms"] / 1000.0))
     assert r["capacity_rps"] >= s["request_throughput"]  # (the run's own figure carries its drain)
+    assert r["output_tok_s"] == pytest.approx(r["capacity_rps"] * s["total_output_tokens"] / s["completed"])
     assert s["p90_ttft_ms"] == pytest.approx(r["p90_ttft_ms"])
 
 

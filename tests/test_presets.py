@@ -341,3 +341,18 @@ def test_run_policy_with_set_policy_sets_the_policy_that_runs(tmp_path):
     assert preset_report(sc)["knobs"]["max_num_seqs"]["from"] == "scenario"
     same = load_with_policy(path, None, ["policy.max_num_seqs=7"])  # (no swap: the file's policy)
     assert same.policy["name"] == "chunked_prefill" and same.policy["max_num_seqs"] == 7
+
+
+def test_a_kernel_calibration_on_an_amd_cpu_is_not_a_rocm_gpu():
+    from batchsim.calibrate.hardware import load_hardware
+    from batchsim.engines import _rocm
+
+    hw = load_hardware("h100-sxm")
+    data = hw.model_dump(mode="json")
+
+    def on(device):
+        return type(hw).model_validate({**data, "name": "my-box",
+                                        "provenance": {**data["provenance"], "calibration": {"device": device}}})
+
+    cpu, gpu = on("AMD EPYC 7763 64-Core Processor"), on("AMD Instinct MI300X")
+    assert not _rocm(cpu) and _rocm(gpu)

@@ -175,7 +175,7 @@ class BenchRun:
         """This run with each request's gaps replaced by their mean: the ITL a GuideLLM report keeps
         (one ``inter_token_latency_ms`` per request), so a simulated run compares like for like."""
         lens = np.diff(self.itl_offsets)
-        sums = np.add.reduceat(self.itl_gaps, self.itl_offsets[:-1]) if len(self.itl_gaps) else np.zeros(len(lens))
+        sums = np.bincount(np.repeat(np.arange(len(lens)), lens), weights=self.itl_gaps, minlength=len(lens))
         with np.errstate(divide="ignore", invalid="ignore"):
             means = np.where(lens > 0, sums / np.maximum(lens, 1), 0.0)
         return dataclasses.replace(self, itl_gaps=np.repeat(means, lens).astype(np.float64))

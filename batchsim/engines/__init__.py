@@ -140,8 +140,9 @@ def _blackwell(hw) -> bool:
 
 def _rocm(hw) -> bool:
     """An AMD Instinct GPU (ROCm/HIP), by the profile's names."""
+    # (not plain "amd": a kernel calibration on a CPU names the host's processor, "AMD EPYC ...")
     return (any(name.startswith("mi") for name in device_names(hw))
-            or _named(hw, "instinct", "-mi", "amd", "rocm"))
+            or _named(hw, "instinct", "-mi", "rocm", "radeon"))
 
 
 def vllm_v1_capture_sizes(seqs: int, tokens: int, blackwell: bool = False) -> list[int]:
@@ -326,7 +327,7 @@ def _resolve(scenario) -> tuple[dict, dict, dict]:
                            "source": knob.source}
             continue
         ok, value = _value(knob, scenario, {**merged, **user}, hw)
-        if key in user and ok and isinstance(value, dict) and isinstance(user[key], dict):
+        if key in user and ok and isinstance(value, dict) and isinstance(user[key], dict) and user[key]:
             # a section (cuda_graphs): the scenario's keys win, the preset fills the others
             merged[key] = {**value, **user[key]}
             filled[key] = {k: v for k, v in value.items() if k not in user[key]}

@@ -184,6 +184,13 @@ def _closed_rate(config: PlanConfig, clients: float, metrics: Mapping) -> float:
     return closed_loop_throughput(clients, e2el / 1000.0, float(arrival.get("think_time_s") or 0.0))
 
 
+def _closed_tokens(rate: float, metrics: Mapping) -> float | None:
+    """Output tokens/s of a closed loop at ``rate`` req/s (its steady state, as ``capacity_rps``):
+    the rate times the measured requests' mean output, not the run's drain-biased figure."""
+    done, tokens = metrics.get("completed"), metrics.get("total_output_tokens")
+    return rate * float(tokens) / float(done) if done and tokens is not None else metrics.get("output_throughput")
+
+
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
               prices: Mapping[str, float], source: tuple[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
@@ -208,7 +215,7 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
                "capacity_rps": rate, "capacity_estimate_rps": None if closed else o.estimate,
                "capacity_high_rps": None if closed else o.upper,
-               "output_tok_s": m.get("output_throughput")}
+               "output_tok_s": _closed_tokens(rate, m) if closed else m.get("output_throughput")}
         for k in metrics:
             row[k] = m.get(k)
             row[k + CI_SUFFIX] = m.get(k + CI_SUFFIX) if o.metrics else None
