@@ -48,9 +48,13 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a s
 
 def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None):
     from batchsim.app.builtin import builtin_scenario_path
-    from batchsim.app.compare import load_with_policy
+    from batchsim.app.config import load_scenario
 
     path = scenario if scenario is not None else builtin_scenario_path()
+    if not policy:  # (without a swap, no need of the compare module and its pandas: a run starts fast)
+        return load_scenario(path, list(overrides or [])), Path(path).resolve().parent
+    from batchsim.app.compare import load_with_policy
+
     # (with --policy, the swap compare, sweep and plan make; --set policy.* then sets the policy that runs)
     return load_with_policy(path, policy, overrides or []), Path(path).resolve().parent
 
