@@ -208,3 +208,17 @@ def test_files_naming_two_models_are_refused_even_if_one_is_not_in_the_catalog()
     with pytest.raises(InputError, match="several models"):
         bench_model([dataclasses.replace(run, model="Qwen/Qwen3-8B"),
                      dataclasses.replace(run, model="meta-llama/Llama-3.1-8B-Instruct")], None)
+
+
+def test_fit_on_a_label_made_unique_still_selects_it(tmp_path):
+    a = write_vllm_bench(tmp_path / "a.json", _run("rate=4", 4.0, n=20))
+    b = write_vllm_bench(tmp_path / "b.json", _run("rate=9", 9.0, n=20, seed=1))
+    c = tmp_path / "c.json"
+    shutil.copy(a, c)
+    from batchsim.app.bench_fit import _split
+
+    runs = load_runs([a, b, c])
+    assert _split(runs, ["rate=4.0"]) == [True, False, True]
+    assert _split(runs, ["rate=4.0 [c.json]"]) == [False, False, True]
+    assert "fp8 weights" in bench_model([dataclasses.replace(runs[0], model="meta-llama/Llama-3.1-8B-Instruct-FP8")],
+                                        None)[1]

@@ -245,12 +245,15 @@ class BenchFit:
 def _split(runs: Sequence[BenchRun], fit_on: Sequence[str] | None) -> list[bool]:
     """Which benchmarks are fitted (True) and which held out."""
     if fit_on:
-        known = {r.label for r in runs} | {Path(r.source).name for r in runs}
+        def names(r: BenchRun) -> set[str]:  # (a label load_runs made unique still answers to its own)
+            return {r.label, r.label.split(" [")[0].split(" #")[0], Path(r.source).name}
+
+        known = set().union(*map(names, runs))
         unknown = [f for f in fit_on if f not in known]
         if unknown:
             raise InputError(f"no benchmark is labelled or named {', '.join(map(repr, unknown))}; labels: "
                              f"{', '.join(dict.fromkeys(r.label for r in runs))}", "--fit-on")
-        return [r.label in fit_on or Path(r.source).name in fit_on for r in runs]
+        return [bool(names(r) & set(fit_on)) for r in runs]
     if len(runs) < 2:
         return [True] * len(runs)
     return [i % 2 == 0 for i in range(len(runs))]
@@ -310,7 +313,9 @@ def bench_model(runs: Sequence[BenchRun], given: str | None) -> tuple[str, str |
         raise InputError(f"the benchmark files name several models ({', '.join(ids)}); give --model, and fit one "
                          "model's benchmarks at a time", "--model")
     if named:
-        return named[0], f"model {named[0]} (from the benchmark files' model {ids[0]})"
+        quant = next((q for q in ("fp8", "int8", "int4", "awq", "gptq", "w8a8", "w4a16") if q in ids[0].lower()), None)
+        return named[0], (f"model {named[0]} (from the benchmark files' model {ids[0]})"
+                          + (f"; its id names {quant} weights: give --dtype to match" if quant else ""))
     if ids:
         raise InputError(f"the benchmark files name model {ids[0]!r}, which is not in batchsim's catalog; give "
                          "--model NAME (batchsim catalog) or --model PATH (its config.json)", "--model")
