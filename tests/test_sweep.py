@@ -125,3 +125,20 @@ def test_cli_sweep(tmp_path):
     assert "continuous:" in r.output and "report:" in r.output
     for name in ("sweep.csv", "sweep_runs.csv", "sweep.png", "report.html"):
         assert (tmp_path / name).is_file(), name
+
+
+def test_a_saturation_point_on_a_short_load_window_says_it_may_be_early():
+    import pandas as pd
+
+    from batchsim.reports.sweep import mark_saturation, saturation_points, saturation_text
+
+    frame = mark_saturation(pd.DataFrame({
+        "policy": ["a", "a", "b", "b"], "rate": [10.0, 20.0, 10.0, 20.0],
+        "offered_output_throughput": [100.0, 200.0, 100.0, 200.0],
+        "served_output_throughput": [100.0, 150.0, 100.0, 150.0],
+        "load_window_s": [30.0, 15.0, 300.0, 150.0], "median_e2el_ms": [1000.0, 3000.0, 1000.0, 3000.0]}))
+    assert list(frame["window_e2els"]) == [30.0, 5.0, 300.0, 50.0]
+    lines = saturation_text(saturation_points(frame), "rate", frame)
+    assert lines[0].startswith("a: saturates at 20 req/s (SHORT: its load window there spans 5.0 E2E times")
+    assert lines[1] == "b: saturates at 20 req/s"
+    assert saturation_text(saturation_points(frame), "rate") == ["a: saturates at 20 req/s", "b: saturates at 20 req/s"]

@@ -176,7 +176,7 @@ def load_window(requests: pd.DataFrame, itl, skip: float = 0.25) -> dict[str, fl
     # as saturated), and a row of one token over a context (a prompt's last one-token chunk, a full
     # prefix-cache hit, a decode replica's recompute) is billed as a decode but samples a first token.
     if len(requests) < 2:
-        return {"offered_output_throughput": 0.0, "served_output_throughput": 0.0}
+        return {"offered_output_throughput": 0.0, "served_output_throughput": 0.0, "load_window_s": 0.0}
     a = requests["arrival"].to_numpy(dtype=float)
     a0, a1 = float(a.min()), float(a.max())
     lo = a0 + skip * (a1 - a0)
@@ -185,7 +185,7 @@ def load_window(requests: pd.DataFrame, itl, skip: float = 0.25) -> dict[str, fl
     ft = requests["first_token"].to_numpy(dtype=float)
     firsts = int(((ft >= lo) & (ft <= a1)).sum())
     return {"offered_output_throughput": offered / span,
-            "served_output_throughput": (firsts + _later_tokens(itl, lo, a1)) / span}
+            "served_output_throughput": (firsts + _later_tokens(itl, lo, a1)) / span, "load_window_s": span}
 
 
 def _later_tokens(itl, lo: float, hi: float) -> int:

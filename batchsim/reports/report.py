@@ -159,7 +159,7 @@ def write_sweep_report(out_dir: str | Path, frame: pd.DataFrame, policies: Seque
     png = png_bytes(sweep_figure(frame, policies))
     writers["sweep.png"] = _bytes_writer(png)
     load = load_column(frame)
-    sat = saturation_text(saturation_points(frame), load)
+    sat = saturation_text(saturation_points(frame), load, frame)
     rows = _records(frame)
     for r in rows:
         r["saturated"] = "yes" if r.get("saturated") else "no"

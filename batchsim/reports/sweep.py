@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D
 
 from batchsim.reports.stats import CI_SUFFIX
 from batchsim.reports.style import new_figure, policy_lines, set_log, styled
+from batchsim.sim.measure import SHORT_SPANS
 
 __all__ = ["SATURATION_RATIO", "load_column", "mark_saturation", "saturation_points", "saturation_text", "sweep_figure"]
 
@@ -56,6 +57,10 @@ def mark_saturation(frame: pd.DataFrame) -> pd.DataFrame:
         alone = out.assign(_s=sat).groupby("policy", sort=False)["_s"].transform("sum").to_numpy() == 1
         out["saturated"] = sat & ~(last & alone)
         return out
+    if "load_window_s" in out and "median_e2el_ms" in out:  # (how many E2E times the load window spans)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e2el = pd.to_numeric(out["median_e2el_ms"], errors="coerce").to_numpy(dtype=float) / 1000.0
+            out["window_e2els"] = np.where(e2el > 0, out["load_window_s"].to_numpy(dtype=float) / e2el, np.nan)
     offered = out["offered_output_throughput"].to_numpy(dtype=float)
     served = out["served_output_throughput"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -144,15 +149,26 @@ def sweep_figure(frame: pd.DataFrame, policies: Sequence[str]) -> Figure:
     return fig
 
 
-def saturation_text(points: dict[str, float | None], load: str = "rate") -> list[str]:
-    """One human line per policy: where it saturates (``load``: the frame's load column)."""
+def saturation_text(points: dict[str, float | None], load: str = "rate",
+                    frame: pd.DataFrame | None = None) -> list[str]:
+    """One human line per policy: where it saturates (``load``: the frame's load column); with the
+    sweep's ``frame``, a rate sweep's saturation point whose load window spans fewer than SHORT_SPANS
+    E2E times says it may be early."""
     lines = []
+    short = {}
+    if frame is not None and load == "rate" and "window_e2els" in frame:
+        for p, r in points.items():
+            row = frame[(frame["policy"] == p) & (frame["rate"] == r)] if r is not None else frame.iloc[:0]
+            spans = float(row["window_e2els"].iloc[0]) if len(row) else math.nan
+            if spans < SHORT_SPANS:
+                short[p] = (f" (SHORT: its load window there spans {spans:.1f} E2E times, under {SHORT_SPANS:g}: "
+                            "saturation may be marked early; raise workload.num_requests)")
     for p, r in points.items():
         if load == "concurrency":
             lines.append(f"{p}: throughput levels off at {r:g} clients (within {1 - SATURATION_RATIO:.0%} of its "
                          "highest)" if r is not None and not math.isnan(r)
                          else f"{p}: throughput still rising at the most clients swept")
             continue
-        lines.append(f"{p}: saturates at {r:g} req/s" if r is not None and not math.isnan(r)
+        lines.append(f"{p}: saturates at {r:g} req/s{short.get(p, '')}" if r is not None and not math.isnan(r)
                      else f"{p}: kept up at every swept rate")
     return lines

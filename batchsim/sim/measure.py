@@ -8,7 +8,7 @@ regress`` call such a point *not evaluable* (``--min-requests``).
 
 from __future__ import annotations
 
-__all__ = ["MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
+__all__ = ["SHORT_SPANS", "MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
 
 DEFAULT_SEEDS = 3
 """Seeds compare and sweep run per configuration, and plan starts each point with.
@@ -26,6 +26,12 @@ DEFAULT_CI_WIDTH = 0.10
 """The half-width a plan asks of each SLO metric's 95% interval, relative to its mean."""
 
 MIN_REQUESTS = 100
+# A load whose window of arrivals spans fewer E2E times than this is short: an overloaded replica's
+# queue grows by (rate / capacity - 1) x the span, so over a few E2Es it delays requests by less
+# than one more E2E, and the tokens in flight at the window's ends weigh on its served share (a
+# 100-request window read 76% served just above 49 req/s, where 2,000-request runs keep up to about
+# 60): plan flags such a capacity, sweep such a saturation point (SHORT).
+SHORT_SPANS = 10.0
 """Fewest completed requests in the measured window for its latencies to be evaluable.
 
 Why 100: numpy's p99 of ``n`` samples sits at sorted rank ``0.99 (n - 1)``. At

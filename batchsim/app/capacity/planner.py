@@ -46,6 +46,7 @@ from batchsim.sim.io import write_csv, write_json, write_set
 from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
 from batchsim.app.capacity.grid import PlanConfig, build_configs
 from batchsim.app.capacity.search import MIN_REQUESTS, SLO_METRICS
+from batchsim.sim.measure import SHORT_SPANS
 from batchsim.app.capacity.worker import (DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, ConfigOutcome,
                                           ConfigTask, search_config)
 
@@ -255,11 +256,6 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
     return pd.DataFrame(rows)
 
 
-# A capacity whose measured arrivals span fewer E2E times than this is flagged (SHORT): an
-# overloaded replica's queue grows by (rate/capacity - 1) x the span, so over a span of a few
-# E2Es it delays requests by less than one more E2E and the SLOs may still pass (measured: 100
-# requests planned 76.6 req/s where 3,000-request runs saturate near 59).
-SHORT_SPANS = 10.0
 
 
 def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[str]:
@@ -269,7 +265,7 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
     one per capacity whose SLO metrics' intervals stayed wider than ``width`` (``WIDE ...``),
     one per configuration that fails only at the intervals' upper ends (``UNDECIDED ...``),
     one per capacity interval with a missing end (``note: ...``) and one per capacity whose
-    measured arrivals span fewer than :data:`SHORT_SPANS` E2E times (``SHORT ...``)."""
+    measured arrivals span fewer than :data:`~batchsim.sim.measure.SHORT_SPANS` E2E times (``SHORT ...``)."""
     lines = []
     for r in frame.to_dict(orient="records"):
         if r["status"] == NOT_EVALUABLE:

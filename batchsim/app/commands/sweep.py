@@ -51,7 +51,7 @@ def sweep_command(
                    workers=workers, out_dir=dest, concurrency=clients)
     files = writing_kept(write_sweep, result, dest)
     console = Console(highlight=False)
-    for line in saturation_text(result.saturation, load_column(result.frame)):
+    for line in saturation_text(result.saturation, load_column(result.frame), result.frame):
         console.print(line)
     for line in point_warnings(result.frame):
         console.print(line, soft_wrap=True, markup=False)
