@@ -88,7 +88,7 @@ def run(
     from batchsim import policies
     from batchsim.app.runner import STEP_MODES, run_to_folder
     from batchsim.app.summary_table import deployment_label, summary_table
-    from batchsim.sim.io import FORMATS
+    from batchsim.sim.io import FORMATS, require_folder
 
     if fmt not in ("auto", *FORMATS):
         raise InputError(f"got {fmt!r}; expected auto, {', '.join(FORMATS)}", "--format")
@@ -97,8 +97,7 @@ def run(
     if timeline_s is not None and not (1e-3 <= timeline_s and math.isfinite(timeline_s)):
         raise InputError(f"got {timeline_s!r}; expected a number of seconds, at least 0.001", "--timeline-s")
     sc, base = _load(scenario, policy, set_)
-    if out is not None and out.exists() and not out.is_dir():  # say so before the run, not after
-        raise InputError(f"{out} is a file; expected a folder for the records", "--out")
+    require_folder(out, "--out", "the records")  # (say so before the run, not after)
     # the command that reproduces this summary (the scenario file, the policy swap, the overrides)
     command = shlex.join(["batchsim", "run", str(scenario), *(["--policy", policy] if policy else []),
                           *[a for s in (set_ or []) for a in ("--set", s)]])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchsim.sim.errors import InputError
-from batchsim.sim.io import atomic_write_bytes
+from batchsim.sim.io import atomic_write_bytes, require_folder
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
@@ -121,8 +121,7 @@ def example_text(name: str) -> str:
 
 
 def _check_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} is a file; expected a folder", "--out")
+    require_folder(out, "--out")
 
 
 def _refuse_clashes(targets: list[Path], force: bool) -> None:

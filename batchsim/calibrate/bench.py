@@ -175,7 +175,7 @@ class BenchRun:
         """This run with each request's gaps replaced by their mean: the ITL a GuideLLM report keeps
         (one ``inter_token_latency_ms`` per request), so a simulated run compares like for like."""
         lens = np.diff(self.itl_offsets)
-        sums = np.bincount(np.repeat(np.arange(len(lens)), lens), weights=self.itl_gaps, minlength=len(lens))
+        sums = _gap_sums(self.itl_gaps, lens)
         with np.errstate(divide="ignore", invalid="ignore"):
             means = np.where(lens > 0, sums / np.maximum(lens, 1), 0.0)
         return dataclasses.replace(self, itl_gaps=np.repeat(means, lens).astype(np.float64))
@@ -304,6 +304,11 @@ def _field(path: PathLike, prefix: str = ""):
         name = ".".join(x for x in (prefix, key) if x)
         return f"{path}: {name}" if name else str(path)
     return at
+
+
+def _gap_sums(gaps: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Each request's gaps summed (0.0 for one without), ``lens`` gaps each, in request order."""
+    return np.bincount(np.repeat(np.arange(len(lens)), lens), weights=gaps, minlength=len(lens))
 
 
 def _offsets(lens: np.ndarray) -> np.ndarray:
@@ -482,7 +487,7 @@ def _read_vllm(path: PathLike, data: dict, fmt: str = "vllm", prefix: str = "") 
     if "latencies" in lists:
         lat = _numbers(scrub(lists["latencies"], 0.0), at("latencies"), "an end-to-end latency in seconds (>= 0)")
     else:  # NOTE: vllm 0.10 saved no latencies; its e2el was ttft + the sum of the gaps too
-        lat = ttft + np.bincount(np.repeat(np.arange(n), lens), weights=gaps, minlength=n)
+        lat = ttft + _gap_sums(gaps, lens)
     if "start_times" in lists:
         start = _numbers(scrub(lists["start_times"], 0.0), at("start_times"), "a perf_counter time in seconds",
                          nonneg=False)

@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 
 from batchsim.reports.stats import CI_SUFFIX
 from batchsim.reports.style import new_figure, policy_lines, set_log, styled
-from batchsim.sim.measure import SHORT_SPANS
+from batchsim.sim.measure import SHORT_SPANS, e2e_spans
 
 __all__ = ["SATURATION_RATIO", "load_column", "mark_saturation", "saturation_points", "saturation_text", "sweep_figure"]
 
@@ -58,9 +58,8 @@ def mark_saturation(frame: pd.DataFrame) -> pd.DataFrame:
         out["saturated"] = sat & ~(last & alone)
         return out
     if "load_window_s" in out and "median_e2el_ms" in out:  # (how many E2E times the load window spans)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            e2el = pd.to_numeric(out["median_e2el_ms"], errors="coerce").to_numpy(dtype=float) / 1000.0
-            out["window_e2els"] = np.where(e2el > 0, out["load_window_s"].to_numpy(dtype=float) / e2el, np.nan)
+        spans = [e2e_spans(s, e) for s, e in zip(out["load_window_s"], out["median_e2el_ms"])]
+        out["window_e2els"] = np.array([math.nan if v is None else v for v in spans], dtype=float)
     offered = out["offered_output_throughput"].to_numpy(dtype=float)
     served = out["served_output_throughput"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -26,9 +26,18 @@ import numpy as np
 from batchsim.sim.table import Table
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "csv_text", "write_parquet", "write_table",
-           "TableFile", "write_set", "clean_orphans", "MANIFEST", "FORMATS"]
+           "TableFile", "write_set", "clean_orphans", "require_folder", "MANIFEST", "FORMATS"]
 
 FORMATS = ("csv", "parquet")
+
+
+def require_folder(path: str | os.PathLike | None, option: str, contents: str = "") -> None:
+    """Refuse, before any work, an output ``path`` (given by ``option``) that is a file: write_set
+    would only find out after the run (nothing is written then)."""
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        from batchsim.sim.errors import InputError
+
+        raise InputError(f"{path} is a file; expected a folder" + (f" for {contents}" if contents else ""), option)
 _FLOAT_FORMAT = "%.9g"  # (CSV: a fixed float format, so identical runs give identical bytes)
 
 

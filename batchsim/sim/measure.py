@@ -8,7 +8,7 @@ regress`` call such a point *not evaluable* (``--min-requests``).
 
 from __future__ import annotations
 
-__all__ = ["SHORT_SPANS", "MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
+__all__ = ["SHORT_SPANS", "e2e_spans", "MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
 
 DEFAULT_SEEDS = 3
 """Seeds compare and sweep run per configuration, and plan starts each point with.
@@ -32,6 +32,16 @@ MIN_REQUESTS = 100
 # 100-request window read 76% served just above 49 req/s, where 2,000-request runs keep up to about
 # 60): plan flags such a capacity, sweep such a saturation point (SHORT).
 SHORT_SPANS = 10.0
+
+
+def e2e_spans(span_s, median_e2el_ms) -> float | None:
+    """How many median E2E times a span of arrivals lasts, to hold against :data:`SHORT_SPANS`;
+    None without both, or with no E2E."""
+    try:
+        span, e2el = float(span_s), float(median_e2el_ms)
+    except (TypeError, ValueError):
+        return None
+    return span / (e2el / 1000.0) if span == span and e2el > 0 else None
 """Fewest completed requests in the measured window for its latencies to be evaluable.
 
 Why 100: numpy's p99 of ``n`` samples sits at sorted rank ``0.99 (n - 1)``. At

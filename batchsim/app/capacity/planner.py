@@ -46,7 +46,7 @@ from batchsim.sim.io import write_csv, write_json, write_set
 from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
 from batchsim.app.capacity.grid import PlanConfig, build_configs
 from batchsim.app.capacity.search import MIN_REQUESTS, SLO_METRICS
-from batchsim.sim.measure import SHORT_SPANS
+from batchsim.sim.measure import SHORT_SPANS, e2e_spans
 from batchsim.app.capacity.worker import (DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, ConfigOutcome,
                                           ConfigTask, search_config)
 
@@ -226,8 +226,8 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                    interval_ok=(None if m.get("widest_ci_rel") is None else m["widest_ci_rel"] <= spec.ci_width),
                    interval_note=o.interval_note)
         # (how many E2E times the capacity point's measured arrivals span: few, and the run is SHORT)
-        row["arrival_span_e2els"] = (m["arrival_span_s"] / (m["median_e2el_ms"] / 1000.0)
-                                     if not closed and m.get("arrival_span_s") and m.get("median_e2el_ms") else None)
+        row["arrival_span_e2els"] = (e2e_spans(m["arrival_span_s"], m.get("median_e2el_ms"))
+                                     if not closed and m.get("arrival_span_s") else None)
         row.update(limit_rps=None if closed else o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)
@@ -254,8 +254,6 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
     rows.sort(key=lambda r: (r["usd_per_1m_output_tokens"] is None, r["usd_per_1m_output_tokens"] or 0.0,
                              -r["capacity_rps"], r["config"]))
     return pd.DataFrame(rows)
-
-
 
 
 def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[str]:

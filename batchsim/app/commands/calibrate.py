@@ -149,14 +149,6 @@ def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs):
     return setup, note
 
 
-def _report_folder(report) -> None:
-    """Refuse a --report that cannot be a folder before any work (nothing is written then)."""
-    if report is not None and Path(report).exists() and not Path(report).is_dir():
-        from batchsim.sim.errors import InputError
-
-        raise InputError(f"{report} is a file; expected a folder for bench.csv, bench.json and bench.png", "--report")
-
-
 def _bench_table(rows: list[dict], title: str):
     from rich.table import Table
 
@@ -174,8 +166,9 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
 
     from batchsim.app.bench_fit import fit_bench, load_runs, write_report
     from batchsim.calibrate.hardware import save_hardware
+    from batchsim.sim.io import require_folder
 
-    _report_folder(report)
+    require_folder(report, "--report", "bench.csv, bench.json and bench.png")
     runs = load_runs(files)
     setup, model_note = _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs)
     console = Console(width=None if Console().is_terminal else 120, highlight=False)
@@ -251,7 +244,9 @@ def validate_command(
         from batchsim.app.bench_fit import load_runs, validate_bench, write_report
 
         import math
+        from dataclasses import MISSING, fields
 
+        from batchsim.app.bench_fit import BenchSetup
         from batchsim.calibrate.hardware import load_hardware
 
         console = Console(width=None if Console().is_terminal else 120, highlight=False)
@@ -259,7 +254,9 @@ def validate_command(
         fitted = ((load_hardware(str(profile)).provenance or {}).get("from_bench") or {})
         given = {"model": model, "tensor_parallel_size": tp, "engine_preset": engine_preset,
                  "policy": _policy_keys(policy_set, "--policy-set") if policy_set else None, "dtype": dtype}
-        shipped = {"tensor_parallel_size": 1, "engine_preset": "vllm-v1", "policy": {}, "dtype": "bf16"}
+        # (and otherwise what a BenchSetup takes when nothing says)
+        shipped = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+                   for f in fields(BenchSetup) if f.default is not MISSING or f.default_factory is not MISSING}
         used, origin = {}, []
         for key, value in given.items():
             if value is not None:
