@@ -59,7 +59,8 @@ def test_a_closed_loop_plan_searches_clients_and_prices_their_throughput(tmp_pat
         assert r["replicas"] * r["capacity_rps"] >= 20.0 > (r["replicas"] - 1) * r["capacity_rps"]
         assert r["capacity_rps_per_gpu"] == pytest.approx(r["capacity_rps"])
         assert r["p90_ttft_ms"] <= 300.0 and r["p90_tpot_ms"] <= 25.0
-        assert r["capacity_estimate_rps"] is None  # (the interval is in clients)
+        # (one seed: the throughput has no interval; the clients' search interval is in clients)
+        assert r["capacity_estimate_rps"] == r["capacity_rps"] and r["capacity_high_rps"] is None
         assert "--set workload.arrival.concurrency=" in r["reproduce"] and "arrival.rate" not in r["reproduce"]
         n = int(r["capacity_clients"])  # (the burst at t=0 and the wind-down are left out of the window)
         assert f'"cooldown_requests": {n}, "warmup_requests": {n}' in r["reproduce"]
@@ -144,3 +145,36 @@ def test_a_short_run_is_not_planned_at_a_rate_whose_requests_arrive_as_one_burst
     assert row["status"] == "ok" and 20 < row["capacity_rps"] < 200  # (it was 1,435,238 req/s)
     assert BURST in row["limit_reason"] and row["arrival_span_e2els"] < 2
     assert any(line.startswith("SHORT ") for line in problem_lines(pd.DataFrame([row.to_dict()])))
+
+
+def test_a_closed_loop_capacity_in_req_s_carries_its_own_interval(tmp_path):
+    """Over seeds the throughput at the capacity's clients is known to an interval: the response-time
+    law carried through the ends of the mean E2E's 95% interval; the capacity in req/s (what a target
+    rate is sized by) is its low end, as a rate plan's is, and the table shows both intervals."""
+    from batchsim.reports.capacity import plan_page
+    from batchsim.reports.stats import CI_SUFFIX
+
+    # (an SLO on the mean E2E no run misses puts it and its interval in the table)
+    spec = PlanSpec(slos={"p90_ttft_ms": 300.0, "mean_e2el_ms": 1e9}, policies=("chunked_prefill",),
+                    target_rate=20.0, seeds=3, max_seeds=3)
+    res = plan(scenario_from_dict(CLOSED), spec, tmp_path / "p", executor="serial")
+    r = res.frame.iloc[0]
+    n, e2e, half = float(r["capacity_clients"]), r["mean_e2el_ms"], r["mean_e2el_ms" + CI_SUFFIX]
+    assert r["status"] == "ok" and r["seeds"] == 3 and half > 0
+    assert r["capacity_estimate_rps"] == pytest.approx(n / (e2e / 1000.0))
+    assert r["capacity_rps"] == pytest.approx(n / ((e2e + half) / 1000.0))
+    assert r["capacity_high_rps"] == pytest.approx(n / ((e2e - half) / 1000.0))
+    assert r["replicas"] * r["capacity_rps"] >= 20.0 > (r["replicas"] - 1) * r["capacity_rps"]
+    text = plan_page(res.frame, res.info, list(spec.slos), spec.pareto_metric, spec.target_rate)
+    assert "throughput 95% interval" in text and "clients 95% interval" in text
+    assert f"{r['capacity_rps']:.2f}–{r['capacity_high_rps']:.2f} ({r['capacity_estimate_rps']:.2f})" in text
+
+
+def test_an_undecided_closed_loop_says_its_clients():
+    import pandas as pd
+
+    from batchsim.app.capacity.planner import problem_lines
+
+    row = {"config": "c", "status": "SLO not met", "capacity_estimate_rps": None, "capacity_clients_estimate": 6.0}
+    (line,) = problem_lines(pd.DataFrame([row]))
+    assert line.startswith("UNDECIDED c: no client count meets") and "up to 6 clients" in line

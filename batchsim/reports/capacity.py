@@ -56,11 +56,14 @@ def plan_columns(slos: Sequence[str], pareto_metric: str, target_rate: float | N
     cols = [Column("configuration", "config", "text"), Column("status", "status", "text")]
     if clients:
         cols += [Column("clients per unit", "capacity_clients", "int")]
-    if clients:  # (the interval is the clients'; the req/s is what the low end's clients got)
-        cols += [Column("throughput at capacity (req/s per unit)", "capacity_rps", "f2")]
+    if clients:  # (the clients' interval, then the throughput the low end's clients get, with its own)
         if intervals:
             cols += [Column("clients 95% interval (estimate)", "capacity_interval", "text"),
+                     Column("throughput at capacity (req/s per unit, 95% low end)", "capacity_rps", "f2"),
+                     Column("throughput 95% interval (estimate)", "throughput_interval", "text"),
                      Column("seeds at capacity", "seeds", "int")]
+        else:
+            cols += [Column("throughput at capacity (req/s per unit)", "capacity_rps", "f2")]
     elif intervals:
         cols += [Column("capacity (req/s per unit, 95% low end)", "capacity_rps", "f2"),
                  Column("capacity 95% interval (estimate)", "capacity_interval", "text"),
@@ -93,11 +96,14 @@ def has_intervals(frame: pd.DataFrame) -> bool:
     return "seeds" in frame and bool((pd.to_numeric(frame["seeds"], errors="coerce") > 1).any())
 
 
-_TEXT_KEYS = ("limit_reason", "knobs", "capacity_interval", "interval_note", "reproduce", "policy_knobs")
+_TEXT_KEYS = ("limit_reason", "knobs", "capacity_interval", "throughput_interval", "interval_note", "reproduce",
+              "policy_knobs")
 
 
-def _interval_text(r: dict) -> str:
-    if r.get("capacity_clients") is not None:  # (a closed loop: the interval is in clients)
+def _interval_text(r: dict, clients: bool = True) -> str:
+    """The capacity's 95% interval (its estimate): in clients for a closed loop (with ``clients``),
+    else in req/s: a rate's search interval, or a closed loop's throughput at its capacity."""
+    if clients and r.get("capacity_clients") is not None:  # (a closed loop: the search is in clients)
         lo, mid, hi = r.get("capacity_clients"), r.get("capacity_clients_estimate"), r.get("capacity_clients_high")
         if not lo:
             return ""
@@ -115,6 +121,7 @@ def _display_rows(frame: pd.DataFrame) -> list[dict]:
     for r in rows:
         r["pareto_text"] = "yes" if r.get("pareto") else ""
         r["capacity_interval"] = _interval_text(r)
+        r["throughput_interval"] = _interval_text(r, clients=False) if r.get("capacity_clients") is not None else ""
         for k in [k for k in r if f"{k}_ci95" in r]:
             v, half = r[k], r[f"{k}_ci95"]
             r[f"{k}_shown"] = ("" if v is None else f"{v:.1f}" if half is None else f"{v:.1f} ± {half:.1f}")

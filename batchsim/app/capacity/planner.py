@@ -173,16 +173,27 @@ def unit_price(config: PlanConfig, prices: Mapping[str, float]) -> float:
     return sum(prices[hw] * g for hw, g in config.pools) / config.gpus
 
 
-def _closed_rate(config: PlanConfig, clients: float, metrics: Mapping) -> float:
+def _closed_rates(config: PlanConfig, clients: float, metrics: Mapping) -> tuple[float, float | None, float | None]:
     """Requests per second ``clients`` closed-loop clients of ``config`` get (the response-time law
-    over the measured requests' mean end-to-end time and the scenario's mean think time)."""
+    over the measured requests' mean end-to-end time and the scenario's mean think time), as the
+    low end, estimate and high end of its 95% interval: the law carried through the ends of the mean
+    E2E's interval over seeds (it falls as the E2E grows). With one seed, or no interval, the ends
+    are the estimate and None."""
+    from batchsim.reports.stats import CI_SUFFIX
     from batchsim.sim.metrics import closed_loop_throughput
 
     e2el = metrics.get("mean_e2el_ms")
     if e2el is None:
-        return 0.0
+        return 0.0, None, None
     arrival = (config.scenario.get("workload") or {}).get("arrival") or {}
-    return closed_loop_throughput(clients, e2el / 1000.0, float(arrival.get("think_time_s") or 0.0))
+    think = float(arrival.get("think_time_s") or 0.0)
+    mid = closed_loop_throughput(clients, e2el / 1000.0, think)
+    half = metrics.get("mean_e2el_ms" + CI_SUFFIX)
+    if half is None or half != half:
+        return mid, mid, None
+    low = closed_loop_throughput(clients, (e2el + half) / 1000.0, think)
+    high = closed_loop_throughput(clients, max(e2el - half, 0.0) / 1000.0, think)
+    return low, mid, (high if e2el - half > 0 or think > 0 else None)
 
 
 def _closed_tokens(rate: float, metrics: Mapping) -> float | None:
@@ -211,11 +222,13 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         # steady state, N / (mean E2E + mean think time), not the run's request_throughput, which a
         # short run's ramp-up and drain pull low)
         closed = c.closed
-        rate = (_closed_rate(c, o.capacity, m) if o.capacity > 0 else 0.0) if closed else o.capacity
+        # (its interval is the throughput's at those clients, over the seeds; the clients' own
+        # interval is in capacity_clients_*)
+        rate, estimate, upper = ((_closed_rates(c, o.capacity, m) if o.capacity > 0 else (0.0, None, None))
+                                 if closed else (o.capacity, o.estimate, o.upper))
         row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
-               "capacity_rps": rate, "capacity_estimate_rps": None if closed else o.estimate,
-               "capacity_high_rps": None if closed else o.upper,
+               "capacity_rps": rate, "capacity_estimate_rps": estimate, "capacity_high_rps": upper,
                "output_tok_s": _closed_tokens(rate, m) if closed else m.get("output_throughput")}
         for k in metrics:
             row[k] = m.get(k)
@@ -280,9 +293,13 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
             lines.append(f"WIDE {r['config']}: at its capacity {r['widest_metric']} is known to "
                          f"±{r['widest_ci_rel']:.0%} after {int(r['seeds'])} seeds (asked ±{width:.0%}); "
                          "raise --max-seeds or workload.num_requests")
-        if r["status"] == "SLO not met" and r.get("capacity_estimate_rps"):
-            lines.append(f"UNDECIDED {r['config']}: no rate meets the SLO at its intervals' upper ends, but "
-                         f"the means meet it up to {r['capacity_estimate_rps']:.4g} req/s; more seeds "
+        clients = r.get("capacity_clients_estimate")  # (a closed loop's search is over clients)
+        undecided = (f"{clients:g} clients" if clients is not None and clients == clients and clients > 0 else
+                     f"{r['capacity_estimate_rps']:.4g} req/s" if r.get("capacity_estimate_rps") else None)
+        if r["status"] == "SLO not met" and undecided:
+            load = "client count" if clients is not None and clients == clients and clients > 0 else "rate"
+            lines.append(f"UNDECIDED {r['config']}: no {load} meets the SLO at its intervals' upper ends, but "
+                         f"the means meet it up to {undecided}; more seeds "
                          "(--max-seeds) or requests per point would decide")
         elif r["status"] == "ok" and r.get("interval_note"):
             lines.append(f"note: {r['config']}: the capacity interval is open: {r['interval_note']}")
