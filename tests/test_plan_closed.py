@@ -178,3 +178,15 @@ def test_an_undecided_closed_loop_says_its_clients():
     row = {"config": "c", "status": "SLO not met", "capacity_estimate_rps": None, "capacity_clients_estimate": 6.0}
     (line,) = problem_lines(pd.DataFrame([row]))
     assert line.startswith("UNDECIDED c: no client count meets") and "up to 6 clients" in line
+
+
+def test_a_closed_loop_capacity_with_rejections_says_what_its_throughput_counts():
+    import pandas as pd
+
+    from batchsim.app.capacity.planner import problem_lines
+
+    row = {"config": "c", "status": "ok", "rejected": 3, "seeds": 1, "capacity_clients": 8.0}
+    (line,) = problem_lines(pd.DataFrame([row]))
+    assert "allowed by --allow-rejections" in line and "only the served requests' cycles" in line
+    (line,) = problem_lines(pd.DataFrame([{**row, "capacity_clients": None}]))
+    assert "cycles" not in line

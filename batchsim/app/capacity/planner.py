@@ -287,8 +287,13 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
             many = (r.get("seeds") or 1) > 1
             count = f"{r['rejected']:.3g} requests (mean over {int(r['seeds'])} seeds)" if many \
                 else f"{int(r['rejected'])} requests"
+            # (a closed loop's throughput is the law over the served requests' E2E: a rejected request's
+            # cycle, its time to rejection and its think time, is not in it)
+            closed = r.get("capacity_clients") is not None and r["capacity_clients"] == r["capacity_clients"]
             lines.append(f"warning: {r['config']}: its capacity rejects {count} "
-                         "(allowed by --allow-rejections); they count as failing, not as served")
+                         "(allowed by --allow-rejections); they count as failing, not as served"
+                         + ("; its throughput counts only the served requests' cycles "
+                            "(N / (their mean E2E + think time))" if closed else ""))
         if r["status"] == "ok" and r.get("interval_ok") is False:
             lines.append(f"WIDE {r['config']}: at its capacity {r['widest_metric']} is known to "
                          f"±{r['widest_ci_rel']:.0%} after {int(r['seeds'])} seeds (asked ±{width:.0%}); "
