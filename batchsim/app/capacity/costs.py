@@ -51,16 +51,9 @@ def _usd(value: object, where: str) -> float:
 
 def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
     """``["h100-sxm=2.49", "h200=3.5,a100-80gb=1.4"]`` -> ``{name: USD per GPU-hour}``."""
-    out: dict[str, float] = {}
-    for item in items or []:
-        for part in (p.strip() for p in item.split(",")):
-            if not part:
-                continue
-            name, sep, raw = part.partition("=")
-            if not sep or not name.strip():
-                raise InputError(f"expected HW=USD_PER_GPU_HOUR, got {part!r}", "--price")
-            out[name.strip()] = _usd(raw.strip(), f"--price {name.strip()}")
-    return out
+    from batchsim.app.capacity.search import name_values
+
+    return {name: _usd(raw, f"--price {name}") for name, raw in name_values(items, "--price", "HW=USD_PER_GPU_HOUR")}
 
 
 def price_of(hardware: str, profile_name: str, prices: Mapping[str, float]) -> float:

@@ -29,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 from batchsim.sim.errors import InputError
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
-__all__ = ["SLO_METRICS", "MIN_COMPLETED", "MIN_REQUESTS", "LOAD_DEPENDENT_REJECTIONS", "PASS", "FAIL",
+__all__ = ["name_values", "SLO_METRICS", "MIN_COMPLETED", "MIN_REQUESTS", "LOAD_DEPENDENT_REJECTIONS", "PASS", "FAIL",
            "NOT_EVALUABLE", "REFUSED", "BOUNDS", "BURST", "parse_slos", "judge", "judge_gates", "verdict", "search", "SearchOutcome",
            "nice_rate", "slo_value"]
 
@@ -62,31 +62,40 @@ BOUNDS = ("upper", "mean", "lower")
 _REMEDY = "raise workload.num_requests, or lower measure.warmup_s/cooldown_s"
 
 
+def name_values(items: Sequence[str] | None, flag: str, form: str) -> list[tuple[str, str]]:
+    """A repeatable ``flag``'s ``NAME=VALUE`` items, each of which may list several separated by
+    commas, as ``(name, value)`` pairs, stripped (an item without ``=`` or a name is an InputError
+    naming ``form``)."""
+    out = []
+    for item in items or []:
+        for part in (p.strip() for p in item.split(",")):
+            if not part:
+                continue
+            name, sep, raw = part.partition("=")
+            if not sep or not name.strip():
+                raise InputError(f"expected {form}, got {part!r}", flag)
+            out.append((name.strip(), raw.strip()))
+    return out
+
+
 def parse_slos(items: Sequence[str] | None) -> dict[str, float]:
     """``["p99_ttft_ms=500", "p99_tpot_ms=50,max_itl_ms=200"]`` -> ``{name: limit}``.
 
     Unknown names, non-positive limits and a name given twice are InputErrors.
     """
     out: dict[str, float] = {}
-    for item in items or []:
-        for part in (p.strip() for p in item.split(",")):
-            if not part:
-                continue
-            name, sep, raw = part.partition("=")
-            name = name.strip()
-            if not sep:
-                raise InputError(f"expected NAME=LIMIT_MS, got {part!r}", "--slo")
-            if name not in SLO_METRICS:
-                raise InputError(f"unknown SLO metric {name!r}; valid: {', '.join(SLO_METRICS)}", "--slo")
-            try:
-                limit = float(raw)
-            except ValueError:
-                raise InputError(f"{name}: not a number: {raw!r}", "--slo") from None
-            if not (limit > 0 and math.isfinite(limit)):
-                raise InputError(f"{name}: the limit must be a positive number of ms, got {raw!r}", "--slo")
-            if name in out:
-                raise InputError(f"{name} is given twice", "--slo")
-            out[name] = limit
+    for name, raw in name_values(items, "--slo", "NAME=LIMIT_MS"):
+        if name not in SLO_METRICS:
+            raise InputError(f"unknown SLO metric {name!r}; valid: {', '.join(SLO_METRICS)}", "--slo")
+        try:
+            limit = float(raw)
+        except ValueError:
+            raise InputError(f"{name}: not a number: {raw!r}", "--slo") from None
+        if not (limit > 0 and math.isfinite(limit)):
+            raise InputError(f"{name}: the limit must be a positive number of ms, got {raw!r}", "--slo")
+        if name in out:
+            raise InputError(f"{name} is given twice", "--slo")
+        out[name] = limit
     if not out:
         raise InputError("give at least one SLO, e.g. --slo p99_ttft_ms=500 --slo p99_tpot_ms=50", "--slo")
     return out
