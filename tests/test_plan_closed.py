@@ -76,7 +76,12 @@ def test_a_closed_loop_plan_searches_clients_and_prices_their_throughput(tmp_pat
     n = int(r["capacity_clients"])  # (steady state: N clients / (mean E2E + think time))
     assert r["capacity_rps"] == pytest.approx(n / (s["mean_e2el_ms"] / 1000.0))
     assert r["capacity_rps"] >= s["request_throughput"]  # (the run's own figure carries its drain)
-    assert r["output_tok_s"] == pytest.approx(r["capacity_rps"] * s["total_output_tokens"] / s["completed"])
+    # (its output tokens/s is that rate times the workload's mean output, as $/1M output tokens prices it)
+    from batchsim.app.runner import build_parts
+
+    mean_out = float(build_parts(load_scenario(args[2], sets)).workload.output_tokens.mean())
+    assert r["output_tok_s"] == pytest.approx(r["capacity_rps"] * mean_out)
+    assert r["usd_per_1m_output_tokens"] == pytest.approx(r["usd_per_hour"] / (20.0 * mean_out * 3600) * 1e6)
     assert s["p90_ttft_ms"] == pytest.approx(r["p90_ttft_ms"])
 
 
@@ -143,6 +148,9 @@ def test_a_short_run_is_not_planned_at_a_rate_whose_requests_arrive_as_one_burst
     spec = PlanSpec(slos={"p99_ttft_ms": 2000.0}, policies=("chunked_prefill",), seeds=1)
     row = plan(scenario_from_dict(raw), spec, tmp_path / "p", executor="serial").frame.iloc[0]
     assert row["status"] == "ok" and 20 < row["capacity_rps"] < 200  # (it was 1,435,238 req/s)
+    # (the output tokens/s at capacity: its rate times the 64 tokens each request generates, not the
+    # run's output_throughput, which a 100-request run's drain pulls far below it)
+    assert row["output_tok_s"] == pytest.approx(64 * row["capacity_rps"])
     assert BURST in row["limit_reason"] and row["arrival_span_e2els"] < 2
     assert any(line.startswith("SHORT ") for line in problem_lines(pd.DataFrame([row.to_dict()])))
 

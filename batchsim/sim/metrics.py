@@ -223,7 +223,8 @@ def summarize(requests, steps: StepTotals, itl: ItlRecords,
     s.update(_stats("tpot", column(done, "tpot", float)))
     s.update(weighted_stats("itl", gaps.pieces, *gaps.first_pass(ms_piece)))
     s.update(_stats("e2el", column(done, "e2el", float)))
-    max_itl = _max(column(done, "max_itl", np.float64)) * 1000.0 if len(done) else math.nan
+    # (null, like every ITL statistic, when no measured request has a gap: one-token outputs keep 0)
+    max_itl = _max(column(done, "max_itl", np.float64)) * 1000.0 if s["mean_itl_ms"] is not None else math.nan
     s["max_itl_ms"] = max_itl if math.isfinite(max_itl) else None
     s["preemptions"] = int(column(requests, "preemptions").sum()) if len(requests) else 0
     s.update(_utilization(steps, totals))

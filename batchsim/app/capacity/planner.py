@@ -196,13 +196,6 @@ def _closed_rates(config: PlanConfig, clients: float, metrics: Mapping) -> tuple
     return low, mid, (high if e2el - half > 0 or think > 0 else None)
 
 
-def _closed_tokens(rate: float, metrics: Mapping) -> float | None:
-    """Output tokens/s of a closed loop at ``rate`` req/s (its steady state, as ``capacity_rps``):
-    the rate times the measured requests' mean output, not the run's drain-biased figure."""
-    done, tokens = metrics.get("completed"), metrics.get("total_output_tokens")
-    return rate * float(tokens) / float(done) if done and tokens is not None else metrics.get("output_throughput")
-
-
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
               prices: Mapping[str, float], source: tuple[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
@@ -229,7 +222,9 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
                "capacity_rps": rate, "capacity_estimate_rps": estimate, "capacity_high_rps": upper,
-               "output_tok_s": _closed_tokens(rate, m) if closed else m.get("output_throughput")}
+               # (the output tokens/s at that rate in steady state, as the $/1M output tokens price it:
+               # not the run's output_throughput, whose duration carries the ramp-up and the drain)
+               "output_tok_s": rate * o.mean_output_tokens}
         for k in metrics:
             row[k] = m.get(k)
             row[k + CI_SUFFIX] = m.get(k + CI_SUFFIX) if o.metrics else None
