@@ -131,12 +131,13 @@ def test_a_short_closed_loop_run_gives_the_steady_state_throughput_of_a_long_one
 
 def test_a_short_run_is_not_planned_at_a_rate_whose_requests_arrive_as_one_burst(tmp_path):
     """100 requests at 1.4 million req/s all arrive before the first finishes and, served as one
-    burst, meet a loose TTFT SLO: such a point measures no rate, and the plan bisects below it. Its
-    capacity is still that of a run spanning about one E2E, which 3,000-request runs show is above
-    where the replica saturates: the plan says so (SHORT)."""
+    burst, meet a loose TTFT SLO: such a point measures no rate (the burst gate fails it). A point whose
+    arrivals span less than a steady state needs runs again with more requests, so the capacity is
+    that of sustained runs: before points were lengthened this plan said 76.6 req/s from 100-request
+    points, where 3,000-request runs saturate near 59 req/s."""
     import pandas as pd
 
-    from batchsim.app.capacity.planner import problem_lines
+    from batchsim.app.capacity.planner import decision_lines, problem_lines
     from batchsim.app.capacity.search import BURST, FAIL, judge_gates
 
     status, why = judge_gates({"arrival_span_s": 0.5, "median_e2el_ms": 900.0}, 1, False)
@@ -145,14 +146,26 @@ def test_a_short_run_is_not_planned_at_a_rate_whose_requests_arrive_as_one_burst
            "workload": {"num_requests": 100, "arrival": {"process": "poisson", "rate": 8},
                         "prompt_tokens": {"dist": "lognormal", "median": 400, "p90": 1200, "max": 3000},
                         "output_tokens": {"dist": "fixed", "value": 64}}}
-    spec = PlanSpec(slos={"p99_ttft_ms": 2000.0}, policies=("chunked_prefill",), seeds=1)
-    row = plan(scenario_from_dict(raw), spec, tmp_path / "p", executor="serial").frame.iloc[0]
-    assert row["status"] == "ok" and 20 < row["capacity_rps"] < 200  # (it was 1,435,238 req/s)
+    spec = PlanSpec(slos={"p99_ttft_ms": 2000.0}, policies=("chunked_prefill",), seeds=1, max_requests=5000)
+    res = plan(scenario_from_dict(raw), spec, tmp_path / "p", executor="serial")
+    row = res.frame.iloc[0]
+    assert row["status"] == "ok" and 50 < row["capacity_rps"] < 66  # (it was 1,435,238 req/s, then 76.6)
     # (the output tokens/s at capacity: its rate times the 64 tokens each request generates, not the
-    # run's output_throughput, which a 100-request run's drain pulls far below it)
+    # run's output_throughput, which a run's drain pulls below it)
     assert row["output_tok_s"] == pytest.approx(64 * row["capacity_rps"])
-    assert BURST in row["limit_reason"] and row["arrival_span_e2els"] < 2
-    assert any(line.startswith("SHORT ") for line in problem_lines(pd.DataFrame([row.to_dict()])))
+    assert row["point_requests"] > 1000 and row["steady_share"] >= 1.0 and row["lengthened_rates"] >= 1
+    assert not any(line.startswith("SHORT ") for line in problem_lines(pd.DataFrame([row.to_dict()])))
+    assert any(line.startswith("longer points: ") for line in decision_lines(res))
+    # with the points held to the workload's 100 requests the capacity is a short run's, and says so; by
+    # default (up to 10 x 100 requests) a point at the cap is still short, and says with how many it ran
+    for most, low, high in ((100, 70, 90), (None, 60, 76)):
+        short = plan(scenario_from_dict(raw), PlanSpec(slos={"p99_ttft_ms": 2000.0}, policies=("chunked_prefill",),
+                                                       seeds=1, max_requests=most), tmp_path / f"q{most}",
+                     executor="serial")
+        row = short.frame.iloc[0]
+        assert row["status"] == "ok" and low < row["capacity_rps"] < high and row["steady_share"] < 1.0
+        (line,) = [x for x in problem_lines(pd.DataFrame([row.to_dict()])) if x.startswith("SHORT ")]
+        assert ("with 1000 requests (the most --max-requests allows)" in line) == (most is None), line
 
 
 def test_a_closed_loop_capacity_in_req_s_carries_its_own_interval(tmp_path):

@@ -136,9 +136,17 @@ def test_a_saturation_point_on_a_short_load_window_says_it_may_be_early():
         "policy": ["a", "a", "b", "b"], "rate": [10.0, 20.0, 10.0, 20.0],
         "offered_output_throughput": [100.0, 200.0, 100.0, 200.0],
         "served_output_throughput": [100.0, 150.0, 100.0, 150.0],
-        "load_window_s": [30.0, 15.0, 300.0, 150.0], "median_e2el_ms": [1000.0, 3000.0, 1000.0, 3000.0]}))
+        "load_window_s": [30.0, 15.0, 300.0, 150.0], "median_e2el_ms": [1000.0, 3000.0, 1000.0, 3000.0],
+        "p99_e2el_ms": [5000.0, 9000.0, 5000.0, 9000.0]}))
     assert list(frame["window_e2els"]) == [30.0, 5.0, 300.0, 50.0]
+    # (what a steady state needs: 10 median and 5 p99 E2Es, 45 s at 20 req/s)
+    assert list(frame["window_steady_share"]) == pytest.approx([30 / 25, 15 / 45, 300 / 25, 150 / 45])
     lines = saturation_text(saturation_points(frame), "rate", frame)
-    assert lines[0].startswith("a: saturates at 20 req/s (SHORT: its load window there spans 5.0 E2E times")
+    assert lines[0].startswith("a: saturates at 20 req/s (SHORT: its load window there spans 33% of what a steady "
+                               "state needs, 10 median and 5 p99 E2E times (5.0 median E2Es)")
     assert lines[1] == "b: saturates at 20 req/s"
+    # (a long tail alone makes a window short: 50 median E2Es but under 5 p99 E2Es)
+    tail = mark_saturation(frame.drop(columns=["window_e2els", "window_steady_share", "served_ratio", "saturated"])
+                           .assign(p99_e2el_ms=[5000.0, 40000.0, 5000.0, 40000.0]))
+    assert "SHORT" in saturation_text(saturation_points(tail), "rate", tail)[1]
     assert saturation_text(saturation_points(frame), "rate") == ["a: saturates at 20 req/s", "b: saturates at 20 req/s"]

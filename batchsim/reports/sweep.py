@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 
 from batchsim.reports.stats import CI_SUFFIX
 from batchsim.reports.style import new_figure, policy_lines, set_log, styled
-from batchsim.sim.measure import SHORT_SPANS, e2e_spans
+from batchsim.sim.measure import SHORT_SPANS, TAIL_SPANS, e2e_spans, steady_share
 
 __all__ = ["SATURATION_RATIO", "load_column", "mark_saturation", "saturation_points", "saturation_text", "sweep_figure"]
 
@@ -60,6 +60,10 @@ def mark_saturation(frame: pd.DataFrame) -> pd.DataFrame:
     if "load_window_s" in out and "median_e2el_ms" in out:  # (how many E2E times the load window spans)
         spans = [e2e_spans(s, e) for s, e in zip(out["load_window_s"], out["median_e2el_ms"])]
         out["window_e2els"] = np.array([math.nan if v is None else v for v in spans], dtype=float)
+        # (and that span over what a steady state needs: under 1, a saturation point there is SHORT)
+        tail = out["p99_e2el_ms"] if "p99_e2el_ms" in out else [None] * len(out)
+        share = [steady_share(s, e, t) for s, e, t in zip(out["load_window_s"], out["median_e2el_ms"], tail)]
+        out["window_steady_share"] = np.array([math.nan if v is None else v for v in share], dtype=float)
     offered = out["offered_output_throughput"].to_numpy(dtype=float)
     served = out["served_output_throughput"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -155,12 +159,14 @@ def saturation_text(points: dict[str, float | None], load: str = "rate",
     E2E times says it may be early."""
     lines = []
     short = {}
-    if frame is not None and load == "rate" and "window_e2els" in frame:
+    if frame is not None and load == "rate" and "window_steady_share" in frame:
         for p, r in points.items():
             row = frame[(frame["policy"] == p) & (frame["rate"] == r)] if r is not None else frame.iloc[:0]
-            spans = float(row["window_e2els"].iloc[0]) if len(row) else math.nan
-            if spans < SHORT_SPANS:
-                short[p] = (f" (SHORT: its load window there spans {spans:.1f} E2E times, under {SHORT_SPANS:g}: "
+            share = float(row["window_steady_share"].iloc[0]) if len(row) else math.nan
+            if share < 1.0:
+                spans = float(row["window_e2els"].iloc[0])
+                short[p] = (f" (SHORT: its load window there spans {share:.0%} of what a steady state needs, "
+                            f"{SHORT_SPANS:g} median and {TAIL_SPANS:g} p99 E2E times ({spans:.1f} median E2Es): "
                             "saturation may be marked early; raise workload.num_requests)")
     for p, r in points.items():
         if load == "concurrency":

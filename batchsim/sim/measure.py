@@ -8,7 +8,7 @@ regress`` call such a point *not evaluable* (``--min-requests``).
 
 from __future__ import annotations
 
-__all__ = ["SHORT_SPANS", "e2e_spans", "MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
+__all__ = ["SHORT_SPANS", "TAIL_SPANS", "steady_share", "e2e_spans", "MIN_REQUESTS", "DEFAULT_SEEDS", "DEFAULT_MAX_SEEDS", "DEFAULT_CI_WIDTH", "thin_window"]
 
 DEFAULT_SEEDS = 3
 """Seeds compare and sweep run per configuration, and plan starts each point with.
@@ -32,6 +32,31 @@ MIN_REQUESTS = 100
 # 100-request window read 76% served just above 49 req/s, where 2,000-request runs keep up to about
 # 60): plan flags such a capacity, sweep such a saturation point (SHORT).
 SHORT_SPANS = 10.0
+
+# ... nor one that spans fewer p99 E2E times than this: the requests in flight (and so the running batch
+# and the KV cache they hold) reach their steady mix only once the longest-lived requests have come and
+# gone, so a window not several of their lifetimes long measures the ramp-up. With a long-tailed output
+# (examples/plan-chat.yaml: median E2E 5 s, p99 40 s) 1,305 requests at 17 req/s, 10.8 median E2Es,
+# met p99 TTFT 1.5 s with a flat TTFT from the first quarter of the window to the last, where 5,000-request
+# runs at 17 req/s break it (1.5-6.9 s) and 20,000-request runs already at 16.5 (scripts/steady_check.py).
+TAIL_SPANS = 5.0
+
+
+def steady_share(span_s, median_e2el_ms, p99_e2el_ms) -> float | None:
+    """A span of arrivals over the span a steady state needs, :data:`SHORT_SPANS` median E2E times and
+    :data:`TAIL_SPANS` p99 E2E times (either alone when the other is missing): under 1 the window is
+    short (SHORT). None without a span or any E2E."""
+    def num(v):
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            return None
+        return v if v == v and v > 0 else None
+
+    span = num(span_s)
+    needs = [k * e / 1000.0 for k, e in ((SHORT_SPANS, num(median_e2el_ms)), (TAIL_SPANS, num(p99_e2el_ms)))
+             if e is not None]
+    return span / max(needs) if span is not None and needs else None
 
 
 def e2e_spans(span_s, median_e2el_ms) -> float | None:

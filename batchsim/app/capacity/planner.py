@@ -46,7 +46,7 @@ from batchsim.sim.io import write_csv, write_json, write_set
 from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
 from batchsim.app.capacity.grid import PlanConfig, build_configs
 from batchsim.app.capacity.search import MIN_REQUESTS, SLO_METRICS
-from batchsim.sim.measure import SHORT_SPANS, e2e_spans
+from batchsim.sim.measure import SHORT_SPANS, TAIL_SPANS, e2e_spans, steady_share
 from batchsim.app.capacity.worker import (DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, ConfigOutcome,
                                           ConfigTask, search_config)
 
@@ -77,6 +77,7 @@ class PlanSpec:
     seeds: int = DEFAULT_SEEDS  # seeds each point starts with (seed + 0 .. seeds - 1)
     max_seeds: int | None = None  # the most a point grows to (None: DEFAULT_MAX_SEEDS, or 1 with one seed)
     ci_width: float = DEFAULT_CI_WIDTH  # asked relative half-width of the binding metric's interval
+    max_requests: int | None = None  # the most requests a short point is lengthened to (None: LONGER_CAP x the workload's)
 
     @property
     def seed_cap(self) -> int:
@@ -104,6 +105,9 @@ class PlanSpec:
                 raise InputError(f"must be a whole number >= 1, got {value!r}", name)
         if self.seed_cap < self.seeds:
             raise InputError(f"must be at least --seeds ({self.seeds}), got {self.seed_cap}", "--max-seeds")
+        if self.max_requests is not None and (isinstance(self.max_requests, bool)
+                                              or not isinstance(self.max_requests, int) or self.max_requests < 1):
+            raise InputError(f"must be a whole number >= 1, got {self.max_requests!r}", "--max-requests")
         if not (0.0 < self.ci_width < 1.0):
             raise InputError(f"must be in (0, 1) (a fraction of the metric's mean), got {self.ci_width:g}",
                              "--ci-width")
@@ -132,7 +136,8 @@ def run_searches(configs: Sequence[PlanConfig], spec: PlanSpec, points_dir: str 
     from batchsim.app.workers import interrupted, run_tasks
 
     tasks = [ConfigTask(c, base_dir, tuple(spec.slos.items()), spec.tol, points_dir, spec.min_requests,
-                        spec.allow_rejections, spec.seeds, spec.seed_cap, spec.ci_width) for c in configs]
+                        spec.allow_rejections, spec.seeds, spec.seed_cap, spec.ci_width, spec.max_requests)
+             for c in configs]
     outcomes: list[ConfigOutcome | None] = [None] * len(tasks)
     store = Path(points_dir) if points_dir is not None else None
     clean_point_temps(store)  # a killed worker's half-written point files
@@ -236,6 +241,11 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         # (how many E2E times the capacity point's measured arrivals span: few, and the run is SHORT)
         row["arrival_span_e2els"] = (e2e_spans(m["arrival_span_s"], m.get("median_e2el_ms"))
                                      if not closed and m.get("arrival_span_s") else None)
+        # (that span over what a steady state needs, SHORT_SPANS median and TAIL_SPANS p99 E2Es: under 1, SHORT)
+        row["steady_share"] = (steady_share(m["arrival_span_s"], m.get("median_e2el_ms"), m.get("p99_e2el_ms"))
+                               if not closed and m.get("arrival_span_s") else None)
+        # (requests per point at the capacity: more than the workload's where a short point was lengthened)
+        row.update(point_requests=o.requests or None, lengthened_rates=o.lengthened, longest_point=o.longest or None)
         row.update(limit_rps=None if closed else o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)
@@ -303,12 +313,16 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
                          "(--max-seeds) or requests per point would decide")
         elif r["status"] == "ok" and r.get("interval_note"):
             lines.append(f"note: {r['config']}: the capacity interval is open: {r['interval_note']}")
-        spans = r.get("arrival_span_e2els")
-        if r["status"] == "ok" and spans is not None and spans == spans and spans < SHORT_SPANS:
+        share, spans = r.get("steady_share"), r.get("arrival_span_e2els")
+        if r["status"] == "ok" and share is not None and share == share and share < 1.0:
+            requests = r.get("point_requests")
+            ran = f" with {int(requests)} requests (the most --max-requests allows)" if requests == requests and \
+                requests and r.get("lengthened_rates") else ""
             lines.append(f"SHORT {r['config']}: at its capacity the measured requests arrive within "
-                         f"{spans:.1f} E2E times, too short for a queue that grows to break the SLOs: the capacity "
-                         f"may be overstated (a run spanning {SHORT_SPANS:g} or more would show it); raise "
-                         "workload.num_requests")
+                         f"{share:.0%} of the span a steady state needs ({SHORT_SPANS:g} median and "
+                         f"{TAIL_SPANS:g} p99 E2E times; it spans {spans:.1f} median E2Es){ran}: too short for a "
+                         "queue that grows, or the running batch of the longest requests, to break the SLOs, so the "
+                         "capacity may be overstated; raise --max-requests or workload.num_requests")
     return lines
 
 
@@ -316,6 +330,14 @@ def decision_lines(result: "PlanResult") -> list[str]:
     """How the plan decided, and the command that reproduces its first row's first seed."""
     spec, frame = result.spec, result.frame
     lines = [f"seeds: {_seed_text_short(spec)}"]
+    longer = frame[frame["lengthened_rates"] > 0] if "lengthened_rates" in frame else frame.iloc[0:0]
+    if len(longer):
+        rates = int(longer["lengthened_rates"].sum())
+        most = int(longer["longest_point"].max())
+        lines.append(f"longer points: {rates} rate(s) of {len(longer)} configuration(s) ran with more requests "
+                     f"than the workload's (up to {most}), so that their measured arrivals span what a steady "
+                     f"state needs, {SHORT_SPANS:g} median and {TAIL_SPANS:g} p99 E2E times (--max-requests; "
+                     "plan.csv: point_requests)")
     if len(frame) and frame.iloc[0]["status"] == "ok":
         top = frame.iloc[0]
         lines.append(f"cheapest: {top['config']}")

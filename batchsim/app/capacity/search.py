@@ -203,7 +203,7 @@ def judge_gates(metrics: Mapping, min_requests: int, allow_rejections: bool) -> 
         # have all arrived (100 requests planned at 1.4 million req/s); its point says nothing of a rate
         # (a FAIL, so the search bisects below it; plan flags a capacity whose span is short: SHORT)
         return FAIL, (f"its measured requests arrive within {span:.3g} s, less than their median E2E "
-                      f"({e2el / 1000.0:.3g} s): {BURST}; raise workload.num_requests to look higher")
+                      f"({e2el / 1000.0:.3g} s): {BURST}; raise workload.num_requests (plan: or --max-requests) to look higher")
     measured = int(metrics.get("measured_requests", 0) or 0) - int(metrics.get("rejected", 0) or 0)
     if measured > 0 and metrics.get("completed", 0) < MIN_COMPLETED * measured:
         return FAIL, f"only {int(metrics['completed'])} of {measured} requests completed"

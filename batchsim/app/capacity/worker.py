@@ -30,6 +30,7 @@ end, the estimate and the high end of the capacity's interval.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,8 @@ from batchsim.app.config import Scenario, scenario_from_dict
 from batchsim.sim.errors import InputError
 from batchsim.sim.io import write_json
 from batchsim.app.capacity.grid import PlanConfig
-from batchsim.app.capacity.search import MIN_REQUESTS, NOT_EVALUABLE, REFUSED, judge_gates, search
-from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS
+from batchsim.app.capacity.search import BURST, FAIL, MIN_REQUESTS, NOT_EVALUABLE, REFUSED, judge_gates, search
+from batchsim.sim.measure import DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, steady_share
 from batchsim.sim.metrics import rejections_by_kind
 
 __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_metrics", "search_config",
@@ -74,6 +75,7 @@ class ConfigTask:
     seeds: int = 1
     max_seeds: int = 1
     ci_width: float = DEFAULT_CI_WIDTH
+    max_requests: int | None = None  # the most requests a short point is lengthened to (None: LONGER_CAP x its own)
 
 
 @dataclass
@@ -95,6 +97,9 @@ class ConfigOutcome:
     interval_note: str = ""  # why an end of the interval is missing
     rates: int = 0  # rates tried
     point_scenario: dict | None = None  # the first seed's scenario at ``capacity`` (reproduces the row)
+    requests: int = 0  # requests per point at ``capacity`` (more than the workload's when it was lengthened)
+    lengthened: int = 0  # rates whose points ran with more requests than the workload's
+    longest: int = 0  # the most requests a lengthened point ran
 
 
 def point_key(point_scenario: dict, base_dir: str | None) -> str:
@@ -162,8 +167,9 @@ def _estimates(scenario: Scenario, parts, limits: dict) -> dict:
             "mean_output_tokens": float(output.mean()), "closed": closed}
 
 
-def point_scenario(config: Scenario, rate: float, est: dict) -> dict:
-    """The scenario of one point: the config at ``rate`` with the plan's horizon; for a closed loop
+def point_scenario(config: Scenario, rate: float, est: dict, requests: int | None = None) -> dict:
+    """The scenario of one point: the config at ``rate`` with the plan's horizon (and ``requests``
+    requests, when given: a lengthened point, :func:`longer`); for a closed loop
     (``est["closed"]``) ``rate`` is its clients, there is no horizon (its clients wait for
     their responses, so an overloaded point cannot run away: it ends when its requests are done),
     and its measured window leaves out the first and last ``rate`` arrivals (the burst at t=0 and
@@ -178,9 +184,36 @@ def point_scenario(config: Scenario, rate: float, est: dict) -> dict:
         data["measure"] = {**data.get("measure", {}), "warmup_requests": int(rate), "cooldown_requests": int(rate)}
         return data
     data = scenario_data(with_rate(config, rate))
-    span = est["span"] if est["span"] is not None else est["n"] / rate
+    if requests is not None:
+        data["workload"]["num_requests"] = int(requests)
+    span = est["span"] if est["span"] is not None else (requests or est["n"]) / rate
     data["horizon_s"] = float(f"{HORIZON_SPANS * span + est['drain']:.6g}")
     return data
+
+
+LONGER_CAP = 10
+"""A short point is lengthened to at most this many times the workload's requests (``--max-requests``):
+a bound the user's request count sets, the same whichever engine runs the points."""
+
+LONGER_MARGIN = 1.1
+"""A lengthened point asks for this much more than the span a steady state needs."""
+
+
+def longer(metrics: dict, n: int, cap: int) -> int | None:
+    """The requests a point of ``n`` requests must run for its measured arrivals to span what a
+    steady state needs (:func:`~batchsim.sim.measure.steady_share`: SHORT_SPANS median and TAIL_SPANS
+    p99 E2E times, with :data:`LONGER_MARGIN`), at most ``cap``; None when it already does, has no span
+    (a closed loop) or cannot run more.
+
+    A run whose requests all arrive within a few E2E times cannot show a queue that grows, nor the
+    running batch of a steady state: a rate above what the replica sustains still meets the SLOs on
+    it (docs/capacity-planning.md, "Long enough points"). The span grows with the requests at a given
+    rate, so the point is run again with enough of them, the same rate and seed."""
+    share = steady_share(metrics.get("arrival_span_s"), metrics.get("median_e2el_ms"), metrics.get("p99_e2el_ms"))
+    if share is None or share >= 1.0:
+        return None
+    more = min(int(cap), math.ceil(n * LONGER_MARGIN / max(share, 1e-9)))
+    return more if more > n else None
 
 
 def _load_point(path: Path) -> dict | None:
@@ -295,7 +328,7 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
     def run_seed(rate: float, i: int) -> dict:
         while len(seeded) <= i:
             seeded.append(with_seed(scenario, len(seeded)))
-        data = point_scenario(seeded[i], rate, est)
+        data = point_scenario(seeded[i], rate, est, lengths.get(rate))
         key = point_key(data, task.base_dir)
         out.points += 1
         cached = _load_point(store / f"{key}.json") if store else None
@@ -310,6 +343,12 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
         return record["metrics"]
 
     pooled: dict[float, dict] = {}
+    # (requests per point by rate, where a short first run asked for more: an open loop of a synthetic
+    # workload with a request count; a trace's or a duration's requests are what they are)
+    lengths: dict[float, int] = {}
+    w = scenario.workload
+    lengthen = not est["closed"] and w.trace is None and w.num_requests is not None
+    most = task.max_requests if task.max_requests is not None else LONGER_CAP * est["n"]
 
     def evaluate(rate: float) -> dict:
         """The rate's pooled metrics; seeds are added until every SLO metric's interval is narrow
@@ -319,6 +358,19 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
             runs: list[dict] = []
             while True:
                 runs.append(run_seed(rate, len(runs)))
+                # (too short to show a growing queue: the same rate and seed, longer; again while a
+                # longer run's E2E grows with it, as an overloaded queue's does, up to the cap)
+                while len(runs) == 1 and lengthen:
+                    # (not a point a longer run cannot rescue: requests refused at any load, or
+                    # rejected or left unfinished for overload)
+                    status, why = judge_gates(runs[0], task.min_requests, task.allow_rejections)
+                    if status == REFUSED or (status == FAIL and BURST not in why):
+                        break
+                    more = longer(runs[0], lengths.get(rate, est["n"]), most)
+                    if more is None:
+                        break
+                    lengths[rate] = more
+                    runs[0] = run_seed(rate, 0)
                 # NOTE: the first seed that fails a gate (drops requests, too thin a window)
                 # decides the point: no mean over more seeds can rescue it
                 if judge_gates(runs[-1], task.min_requests, task.allow_rejections)[0] != PASS:
@@ -356,7 +408,8 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
     elif found.capacity <= 0:
         out.status = "SLO not met"
     if found.capacity > 0:
-        out.point_scenario = point_scenario(scenario, found.capacity, est)
+        out.point_scenario = point_scenario(scenario, found.capacity, est, lengths.get(found.capacity))
+        out.requests = lengths.get(found.capacity, est["n"])
     # NOTE: with one seed there is no interval: the three bounds coincide. A decision that
     # failed at every rate still gets an estimate: "fails at the upper end" may be few seeds.
     if task.max_seeds > 1 and found.status in (PASS, FAIL):
@@ -375,6 +428,7 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                                                   f"{task.min_requests} measured: raise workload.num_requests to find the "
                                                   "limit") if x)
     out.rates = len(pooled)
+    out.lengthened, out.longest = len(lengths), max(lengths.values(), default=0)
     if out.metrics is not None:  # the row's metrics: means and half-widths, not every seed's
         out.metrics = {k: v for k, v in out.metrics.items() if k != "per_seed"}
     return out

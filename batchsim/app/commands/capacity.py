@@ -53,6 +53,12 @@ def plan_command(
                                                                "1 with --seeds 1)")] = None,
     ci_width: Annotated[float, typer.Option(help="asked half-width of each SLO metric's 95% interval, as a "
                                                  "fraction of its mean")] = DEFAULT_CI_WIDTH,
+    max_requests: Annotated[Optional[int], typer.Option(min=1, help="the most requests a point runs: a point whose "
+                                                                  "measured arrivals span fewer than 10 median or 5 p99 "
+                                                                  "E2E times (too short for a steady state) runs again "
+                                                                  "with more, up to this (default 10x "
+                                                                  "workload.num_requests; workload.num_requests: "
+                                                                  "never)")] = None,
     out: Annotated[Optional[Path], typer.Option(help="output folder; rerunning into it resumes (default runs/plan-<scenario>)")] = None,
     set_: SetOpt = None,
     executor: ExecutorOpt = "local",
@@ -75,7 +81,7 @@ def plan_command(
                     target_rate=target_rate, prices=parse_prices(price),
                     price_table=str(prices) if prices is not None else None, tol=tol, pareto_metric=pareto_metric,
                     min_requests=min_requests, allow_rejections=allow_rejections, seeds=seeds,
-                    max_seeds=max_seeds, ci_width=ci_width)
+                    max_seeds=max_seeds, ci_width=ci_width, max_requests=max_requests)
     sc, base = load_for_command(scenario, set_)
     dest = out or Path("runs") / f"plan-{sc.name}"
     result = plan(sc, spec, dest, base_dir=base, executor=executor, workers=workers, ray_address=ray_address,
