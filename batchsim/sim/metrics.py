@@ -23,7 +23,7 @@ import numpy as np
 
 from batchsim.sim.aggregate import StepTotals
 from batchsim.sim.itl import EmptyError, ItlRecords, weighted_summary
-from batchsim.sim.measure import MIN_REQUESTS, thin_window
+from batchsim.sim.measure import MIN_REQUESTS, SHORT_SPANS, TAIL_SPANS, steady_share, thin_window
 from batchsim.sim.state import COMPLETED, REJECTED, UNFINISHED
 from batchsim.sim.table import column
 
@@ -212,6 +212,8 @@ def summarize(requests, steps: StepTotals, itl: ItlRecords,
         "rejected": int((status == REJECTED).sum()),
         "unfinished": int((status == UNFINISHED).sum()),
         "duration_s": duration,
+        # (from the window's first arrival to its last: held against what a steady state needs)
+        "arrival_span_s": float(column(win, "arrival", np.float64).max()) - start if len(win) else None,
         "total_input_tokens": in_tok,
         "total_output_tokens": out_tok,
         "request_throughput": len(done) / duration,
@@ -257,6 +259,13 @@ def _warnings(s: dict, requests, totals: RunTotals) -> list[str]:
         if s["unfinished"]:
             out.append(f"{s['unfinished']} of {s['measured_requests']} measured requests unfinished at the "
                        "horizon: the latencies cover only the completed ones")
+    share = steady_share(s["arrival_span_s"], s["median_e2el_ms"], s["p99_e2el_ms"]) if s["completed"] else None
+    if share is not None and share < 1.0:
+        out.append(f"the measured requests arrive within {share:.0%} of the span a steady state needs "
+                   f"({SHORT_SPANS:g} median and {TAIL_SPANS:g} p99 E2E times, {s['arrival_span_s']:.4g} s of "
+                   f"{s['arrival_span_s'] / share:.4g} s): a queue that grows, or the running batch of the "
+                   "longest requests, may not have formed, so the latencies may be optimistic; raise "
+                   "workload.num_requests")
     if s["rejected"]:
         kinds = ", ".join(f"{n} {k}" for k, n in s["rejected_by_reason"].items())
         out.append(f"{s['rejected']} of {s['measured_requests']} measured requests rejected ({kinds}): they "

@@ -247,12 +247,8 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     metrics["all_rejected"] = int(len(rejected))
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
     metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())  # (the Table's columns)
-    if getattr(sc.workload.arrival, "process", None) != "closed":  # (an open loop: how long its arrivals last)
-        from batchsim.sim.metrics import in_window
-
-        a = req["arrival"]
-        a = a[in_window(a, m.warmup_s, m.cooldown_s, m.warmup_requests, m.cooldown_requests)]
-        metrics["arrival_span_s"] = float(a.max() - a.min()) if len(a) else None
+    if getattr(sc.workload.arrival, "process", None) == "closed":  # (only an open loop's span is its rate's)
+        metrics.pop("arrival_span_s", None)
     metrics["facts"] = _facts(result.summary)
     return metrics
 
