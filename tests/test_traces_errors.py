@@ -69,10 +69,25 @@ def test_missing_column_lists_what_the_file_has(tmp_path):
                    "the file has columns: 'TIMESTAMP', 'ContextTokens'")
 
 
-def test_ragged_csv_row(tmp_path):
-    msg = azure_error(tmp_path, AZ + f"{T0},1,10\n{T0},1,10,99\n")
-    assert msg == (f"{tmp_path / 'a.csv'}: cannot parse the file (Error tokenizing data. C error: Expected 3 fields "
-                   "in line 3, saw 4); expected rows with one field per header column")
+@pytest.mark.parametrize("body, line, row", [
+    (f"{T0},1,10\n{T0},1,10,99\n", 3, f"{T0},1,10,99"),  # pandas itself refuses a later row
+    # the first data row: pandas (index_col=False) dropped the extra field with only a warning
+    (f"{T0},1,000,10\n{T0},2500,8\n", 2, f"{T0},1,000,10"),
+    (f"{T0},1,000,10\n{T0},2,500,8\n", 2, f"{T0},1,000,10"),  # every row: read as 1,0 and 2,500
+    (f"\n{T0},1,000,10\n", 3, f"{T0},1,000,10"),  # a blank line first still counts
+])
+def test_ragged_csv_row(tmp_path, body, line, row):
+    msg = azure_error(tmp_path, AZ + body)
+    assert msg == (f"{tmp_path / 'a.csv'}, line {line}: 4 fields where the header has 3: {row!r}; "
+                   "expected one field per header column (quote a value that holds ',')")
+
+
+def test_ragged_tsv_row_names_the_separator(tmp_path):
+    (tmp_path / "a.tsv").write_text("t\tin\tout\n0\t5\t6\t7\n")
+    msg = error_of({"format": "csv", "path": "a.tsv", "sep": "\t",
+                    "columns": {"arrival": "t", "prompt_tokens": "in", "output_tokens": "out"}}, tmp_path)
+    assert msg == (f"{tmp_path / 'a.tsv'}, line 2: 4 fields where the header has 3: '0\\t5\\t6\\t7'; "
+                   "expected one field per header column (quote a value that holds '\\t')")
 
 
 def mooncake_error(tmp_path: Path, text: str) -> str:

@@ -100,11 +100,17 @@ def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     # skip_blank_lines=False keeps row i on line i + 2; both cost nothing on clean files.
     # Every column is parsed (no usecols): with usecols pandas silently accepts rows with
     # extra fields, which is how an unquoted comma shifts a row's values unnoticed.
+    # NOTE: pandas refuses a row with more fields than the header only after the first data
+    # row: when the first one has them, index_col=False drops the extras with just a
+    # ParserWarning (`1,000` read as 1 and 0). The warning is made an error here.
     try:
-        df = pd.read_csv(path, sep=sep, na_filter=False, skip_blank_lines=False, low_memory=False,
-                         index_col=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise fail(path, None, None, f"cannot parse the file ({str(e).strip()}); expected rows with one field per header column") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, sep=sep, na_filter=False, skip_blank_lines=False, low_memory=False,
+                             index_col=False)
+    except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError, ValueError) as e:
+        raise _ragged(path, sep, len(header.columns)) or fail(
+            path, None, None, f"cannot parse the file ({str(e).strip()}); expected rows with one field per header column") from None
     cols = {c: df[names[c]].to_numpy() for c in columns}
     # NOTE: row i is line i + 2 only while no quoted field spans lines; traces have none.
     lines = np.arange(2, len(df) + 2, dtype=np.int64)
@@ -117,6 +123,23 @@ def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     if len(table) == 0:
         raise fail(path, None, None, "no data rows after the header; expected at least one request")
     return table
+
+
+def _ragged(path: Path, sep: str, width: int) -> InputError | None:
+    """The first row with more fields than the header's ``width`` (the slow path, run only
+    when pandas refused or warned about the file); None when there is none to name."""
+    import csv
+
+    if len(sep) != 1:  # (pandas reads a longer sep as a regular expression; csv cannot)
+        return None
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = csv.reader(f, delimiter=sep)
+        for row in rows:
+            if len(row) > width:
+                return fail(path, rows.line_num, None,
+                            f"{len(row)} fields where the header has {width}: {_short(sep.join(row))}; expected "
+                            f"one field per header column (quote a value that holds {sep!r})")
+    return None
 
 
 def read_jsonl(path: Path, keys: list[str], int_list: str | None = None) -> Table:
