@@ -51,6 +51,7 @@ def test_empty_files(tmp_path, text, expected):
     (f"{T0},12.5,10\n", "line 2, column 'ContextTokens'", "'12.5' is not whole"),
     (f"{T0},inf,10\n", "line 2, column 'ContextTokens'", "infinite value 'inf'"),
     (f"{T0},1,10\n\n{T0},1\n", "line 4, column 'GeneratedTokens'", "missing value ''"),  # blank line 3 counted
+    (f"{T0},true,10\n{T0},False,8\n", "line 2, column 'ContextTokens'", "'true' is a boolean"),  # pandas: a bool column
 ])
 def test_bad_token_values(tmp_path, body, where, what):
     assert azure_error(tmp_path, AZ + body) == (
@@ -110,6 +111,10 @@ def mooncake_error(tmp_path: Path, text: str) -> str:
      "'five' is not a number; expected a whole number of tokens >= 0"),
     ('{"timestamp": -4, "input_length": 5, "output_length": 1}\n', "line 1, column 'timestamp'",
      "negative value '-4'; expected a time in ms >= 0"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 5, "input_length": true, "output_length": 1}\n',
+     "line 2, column 'input_length'", "'true' is a boolean; expected a whole number of tokens >= 0"),
+    ('{"timestamp": false, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', "line 1, column 'timestamp'",
+     "'false' is a boolean; expected a time in ms >= 0"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": 7}\n', "line 1, column 'hash_ids'",
      "'7' is not a list of integers; expected a list of block hashes"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2.5]}\n', "line 1, column 'hash_ids'",
@@ -164,6 +169,13 @@ def vllm_error(tmp_path: Path, **change) -> str:
     ({"request_rate": 0}, "field 'request_rate'", "'0.0' is not positive; expected a rate > 0 or \"inf\""),
     ({"burstiness": -1}, "field 'burstiness'", "'-1' is not a positive number; expected vLLM's gamma shape (1 = Poisson)"),
     ({"input_lens": [], "output_lens": [], "errors": []}, "field 'input_lens'", "is empty; expected one entry per request"),
+    # booleans: float(true) is 1.0, so each replayed as a 1 req/s rate, a Poisson shape or a 1-token prompt
+    ({"request_rate": True}, "field 'request_rate'", "'true' is a boolean; expected a number or \"inf\""),
+    ({"burstiness": True}, "field 'burstiness'", "'true' is a boolean; expected vLLM's gamma shape (1 = Poisson)"),
+    ({"input_lens": [120, True, 64, 400, 36]}, "field 'input_lens[1]'",
+     "'true' is a boolean; expected a whole number of tokens >= 0"),
+    ({"output_lens": [100, 128, 0, False, 22]}, "field 'output_lens[3]'",
+     "'false' is a boolean; expected a whole number of tokens >= 0"),
 ])
 def test_bad_vllm_bench(tmp_path, change, where, what):
     assert vllm_error(tmp_path, **change) == f"{tmp_path / 'v.json'}, {where}: {what}"

@@ -25,7 +25,7 @@ from batchsim.sim.errors import InputError
 
 from .config import MAX_TOKENS
 
-__all__ = ["Table", "resolve", "read_csv", "read_jsonl", "read_table", "tokens", "numbers", "times", "fail"]
+__all__ = ["Table", "resolve", "read_csv", "read_jsonl", "read_table", "tokens", "numbers", "times", "fail", "boolean"]
 
 
 @dataclass
@@ -268,8 +268,13 @@ def _fmt(v: object) -> str:
 
 
 def numbers(table: Table, column: str, expected: str, *, nonneg: bool = True) -> np.ndarray:
-    """A column as float64; the first non-number, missing or negative value raises."""
+    """A column as float64; the first boolean, non-number, missing or negative value raises."""
     raw = table.columns[column]
+    # NOTE: numpy reads True as 1.0: `"input_length": true` replayed a 1-token prompt (and a
+    # CSV column of only true/false, which pandas parses as booleans, did the same).
+    if raw.dtype == bool or (raw.dtype == object and not set(map(type, raw)).isdisjoint(_BOOLS)):
+        i = next(i for i, v in enumerate(raw) if isinstance(v, _BOOLS))
+        raise table.error(i, column, f"{boolean(raw[i])} is a boolean; expected {expected}")
     try:
         vals = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON integer beyond float64
@@ -285,6 +290,14 @@ def numbers(table: Table, column: str, expected: str, *, nonneg: bool = True) ->
         i = int(np.argmax(vals < 0))
         raise table.error(i, column, f"negative value {_fmt(raw[i])}; expected {expected}")
     return vals
+
+
+_BOOLS = (bool, np.bool_)
+
+
+def boolean(v: object) -> str | None:
+    """``'true'``/``'false'`` (quoted, as JSON spells them) when ``v`` is a boolean, else None."""
+    return repr(str(bool(v)).lower()) if isinstance(v, _BOOLS) else None
 
 
 def _first_non_number(table: Table, column: str, expected: str) -> None:

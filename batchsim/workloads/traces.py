@@ -162,6 +162,9 @@ def read_vllm_bench(cfg: VllmBenchTrace, path: Path, rng: np.random.Generator) -
 
 def _recorded(data: dict, n: int, rng: np.random.Generator, field) -> np.ndarray:
     rate = data.get("request_rate")
+    for key, expected in (("request_rate", "a number or \"inf\""), ("burstiness", "vLLM's gamma shape (1 = Poisson)")):
+        if _io.boolean(data.get(key)):  # NOTE: float(true) is 1.0: a 1 req/s (or Poisson) replay
+            raise field(key, f"{_io.boolean(data[key])} is a boolean; expected {expected}")
     try:
         rate = float(rate)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float64
