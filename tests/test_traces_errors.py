@@ -194,6 +194,23 @@ def test_empty_window_says_what_the_trace_spans():
                    "the trace spans 0 to 6.27004 s after its first request")
 
 
+def test_a_sample_that_rounds_to_no_rows_is_an_error_not_an_empty_run():
+    # lengths_small.csv has 3 rows: 0.1 of them rounds to 0 (the run had no requests and exited 0)
+    msg = error_of({"format": "lengths", "path": "lengths_small.csv", "sample": 0.1}, FIXTURES,
+                   arrival={"process": "poisson", "rate": 2.0})
+    assert msg == (f"workload.trace.sample ({FIXTURES / 'lengths_small.csv'}): 0.1 of the 3 rows rounds to 0 rows; "
+                   "expected a fraction that keeps at least one row (1/3 = 0.333)")
+    cfg = WorkloadConfig.model_validate({"num_requests": 4, "arrival": {"process": "empirical", "trace": {
+        "format": "azure", "path": "azure_code_small.csv", "sample": 0.05}}})
+    with pytest.raises(InputError, match=re.escape(
+            f"workload.arrival.trace.sample ({FIXTURES / 'azure_code_small.csv'}): 0.05 of the 5 rows rounds to 0")):
+        build_workload(cfg, np.random.default_rng(0), FIXTURES)
+    # the suggested fraction keeps one row
+    cfg = WorkloadConfig.model_validate({"arrival": {"process": "poisson", "rate": 2.0},
+                                         "trace": {"format": "lengths", "path": "lengths_small.csv", "sample": 0.333}})
+    assert len(build_workload(cfg, np.random.default_rng(0), FIXTURES)) == 1
+
+
 def test_empirical_arrival_needs_two_distinct_times(tmp_path):
     (tmp_path / "t.csv").write_text("arrival,prompt_tokens,output_tokens\n3,1,1\n3,1,1\n")
     cfg = WorkloadConfig.model_validate({"num_requests": 5, "arrival": {

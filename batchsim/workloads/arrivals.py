@@ -196,7 +196,7 @@ def empirical(cfg: EmpiricalArrival, rng: np.random.Generator, n: int | None, du
 
     if cfg.rate == 0:
         return _EMPTY
-    t = load_timed(cfg.trace, base_dir, rng)[0]
+    t = load_timed(cfg.trace, base_dir, rng, "workload.arrival.trace")[0]
     gaps = np.diff(t)
     if len(gaps) == 0 or gaps.sum() <= 0:
         raise InputError(

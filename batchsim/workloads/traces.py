@@ -234,9 +234,12 @@ def _window(tr: Trace, cfg: TraceConfig) -> Trace:
     return tr.take(keep)
 
 
-def _subsample(tr: Trace, cfg: TraceConfig, rng: np.random.Generator) -> Trace:
+def _subsample(tr: Trace, cfg: TraceConfig, rng: np.random.Generator, field: str) -> Trace:
     if cfg.sample is not None and cfg.sample < 1:
         k = int(round(cfg.sample * len(tr)))
+        if k == 0:  # NOTE: was an empty run that exited 0
+            raise InputError(f"{cfg.sample:g} of the {len(tr)} rows rounds to 0 rows; expected a fraction that "
+                             f"keeps at least one row (1/{len(tr)} = {1 / len(tr):.3g})", f"{field}.sample ({tr.path})")
         tr = tr.take(np.sort(rng.choice(len(tr), size=k, replace=False)))
     if getattr(cfg, "shuffle", False):
         tr = tr.take(rng.permutation(len(tr)))
@@ -245,8 +248,9 @@ def _subsample(tr: Trace, cfg: TraceConfig, rng: np.random.Generator) -> Trace:
     return tr
 
 
-def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> Trace:
-    """Read, validate and apply the shared options; times start at 0 unless ``keep_time``."""
+def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator, field: str = "workload.trace") -> Trace:
+    """Read, validate and apply the shared options; times start at 0 unless ``keep_time``.
+    ``field``: where ``cfg`` is in the scenario, for errors about its options."""
     path = _io.resolve(cfg.path, base_dir)
     tr = READERS[cfg.format](cfg, path, rng)
     if len(tr) == 0:
@@ -254,7 +258,7 @@ def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> T
                          "(or set failed: keep)", str(path))
     if tr.time is not None:
         tr = _window(_sorted(tr), cfg)
-    tr = _subsample(tr, cfg, rng)
+    tr = _subsample(tr, cfg, rng, field)
     if tr.time is not None:
         with np.errstate(over="ignore"):
             time = tr.time / cfg.speedup
@@ -267,9 +271,10 @@ def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> T
     return replace(tr, prompt=np.maximum(tr.prompt, cfg.min_tokens), output=np.maximum(tr.output, cfg.min_tokens))
 
 
-def load_timed(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> tuple[np.ndarray, Trace]:
+def load_timed(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator,
+               field: str = "workload.trace") -> tuple[np.ndarray, Trace]:
     """:func:`load` for a trace that must have times: ``(time, trace)``."""
-    tr = load(cfg, base_dir, rng)
+    tr = load(cfg, base_dir, rng, field)
     if tr.time is None:
         raise InputError(f"format '{cfg.format}' has no arrival times; expected a trace with times", str(tr.path))
     return tr.time, tr
