@@ -181,6 +181,44 @@ def test_bad_vllm_bench(tmp_path, change, where, what):
     assert vllm_error(tmp_path, **change) == f"{tmp_path / 'v.json'}, {where}: {what}"
 
 
+CLOSED_HOW = "expected workload.arrival: {process: closed, concurrency: 8} with trace.arrivals_from: arrival"
+
+
+@pytest.mark.parametrize("change, what", [
+    # vllm bench serve --max-concurrency 8 (--request-rate inf): replayed every request at t = 0, saying nothing
+    ({"request_rate": "inf", "max_concurrency": 8},
+     "is 8 at request_rate inf: the run was a closed loop of 8 clients, whose send times depend on the server's "
+     f"responses, so its arrivals are not replayed; {CLOSED_HOW}"),
+    ({"request_rate": "inf", "max_concurrency": 8, "start_times": [0.0, 0.1, 0.2, 0.3, 0.4]},
+     "is 8 at request_rate inf: the run was a closed loop of 8 clients, whose send times depend on the server's "
+     f"responses, so its arrivals are not replayed; {CLOSED_HOW}"),
+    # capped at a finite rate: replayed gamma gaps at the uncapped rate
+    ({"request_rate": 4.0, "max_concurrency": 8},
+     "is 8 at request_rate 4 and the file has no start_times: requests sent at a rate and capped at 8 in flight "
+     "are neither an open nor a closed loop, so their arrivals cannot be regenerated; expected a file with "
+     "start_times, or trace.arrivals_from: arrival with a workload.arrival (a closed loop: "
+     "{process: closed, concurrency: 8}, or a rate)"),
+    ({"max_concurrency": 0}, "'0' is not a client count; expected a positive integer or null"),
+    ({"max_concurrency": True}, "'true' is not a client count; expected a positive integer or null"),
+])
+def test_vllm_bench_capped_by_max_concurrency_is_refused_with_the_fix(tmp_path, change, what):
+    assert vllm_error(tmp_path, **change) == f"{tmp_path / 'v.json'}, field 'max_concurrency': {what}"
+
+
+def test_vllm_bench_capped_run_replays_with_start_times_or_the_closed_loop_it_names(tmp_path):
+    data = json.loads((FIXTURES / "vllm_bench_small.json").read_text())
+    starts = [0.0, 0.5, 0.75, 2.0, 2.5]
+    (tmp_path / "v.json").write_text(json.dumps({**data, "max_concurrency": 8, "start_times": starts}))
+    wl = build_workload(WorkloadConfig.model_validate({"trace": {"format": "vllm_bench", "path": "v.json"}}),
+                        np.random.default_rng(0), tmp_path)
+    assert wl.arrival.tolist() == [0.0, 0.5, 2.0, 2.5]  # the saved send times (request 2 failed)
+    (tmp_path / "v.json").write_text(json.dumps({**data, "request_rate": "inf", "max_concurrency": 8}))
+    wl = build_workload(WorkloadConfig.model_validate({
+        "arrival": {"process": "closed", "concurrency": 8},
+        "trace": {"format": "vllm_bench", "path": "v.json", "arrivals_from": "arrival"}}), np.random.default_rng(0), tmp_path)
+    assert wl.closed is not None and wl.closed.concurrency == 8 and len(wl) == 4
+
+
 def test_vllm_bench_not_json(tmp_path):
     (tmp_path / "v.json").write_text('{"input_lens": [1,\n  2,,]}')
     msg = error_of({"format": "vllm_bench", "path": "v.json"}, tmp_path)
