@@ -119,6 +119,14 @@ def mooncake_error(tmp_path: Path, text: str) -> str:
      "'7' is not a list of integers; expected a list of block hashes"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2.5]}\n', "line 1, column 'hash_ids'",
      "'[1, 2.5]' is not a list of integers; expected a list of block hashes"),
+    # hash_ids on some rows only: read "'None' is not a list of integers"
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": 5, '
+     '"output_length": 1}\n', "line 2, column 'hash_ids'",
+     "missing value; expected a list of block hashes on every row (or on none)"),
+    # ... and, when the first row had none and the fast path gave up (a float), were ignored without a word
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5, '
+     '"output_length": 1, "hash_ids": [1, 2.5]}\n', "line 1, column 'hash_ids'",
+     "missing value; expected a list of block hashes on every row (or on none)"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2}\n', "line 1",
      "not valid JSON (Expecting ',' delimiter): "
      "'{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"...'; "  # long lines are cut at 60

@@ -157,7 +157,8 @@ def read_jsonl(path: Path, keys: list[str], int_list: str | None = None) -> Tabl
     keep = [i for i, s in enumerate(raw) if s.strip()]
     rows = _parse_rows(path, raw, keep)
     _missing(path, keys, list(rows[0]), "key", keep[0] + 1)
-    names = [*keys, *([int_list] if int_list is not None and int_list in rows[0] else [])]
+    # (the key on any row, as the fast path sees it: on the first only, a row without it went unnoticed)
+    names = [*keys, *([int_list] if int_list is not None and any(int_list in r for r in rows) else [])]
     cols = {k: _objects([r.get(k) for r in rows]) for k in names}
     return Table(path, cols, np.asarray(keep, dtype=np.int64) + 1)
 

@@ -60,6 +60,9 @@ class Trace:
             return tuple(self.hashes.tolist())
         out = []
         for i, h in enumerate(self.hashes):
+            if h is None:  # (absent or null, while other rows have them)
+                raise _io.fail(self.path, int(self.lines[i]), "hash_ids", "missing value; expected a list of block "
+                                                                          "hashes on every row (or on none)")
             if not isinstance(h, (list, tuple)) or not all(type(x) is int for x in h):
                 raise _io.fail(self.path, int(self.lines[i]), "hash_ids",
                                f"{_io._short(h)} is not a list of integers; expected a list of block hashes")
