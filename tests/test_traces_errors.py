@@ -51,6 +51,7 @@ def test_empty_files(tmp_path, text, expected):
     (f"{T0},12.5,10\n", "line 2, column 'ContextTokens'", "'12.5' is not whole"),
     (f"{T0},inf,10\n", "line 2, column 'ContextTokens'", "infinite value 'inf'"),
     (f"{T0},1,10\n\n{T0},1\n", "line 4, column 'GeneratedTokens'", "missing value ''"),  # blank line 3 counted
+    (f"{T0},true,10\n{T0},False,8\n", "line 2, column 'ContextTokens'", "'true' is a boolean"),  # pandas: a bool column
 ])
 def test_bad_token_values(tmp_path, body, where, what):
     assert azure_error(tmp_path, AZ + body) == (
@@ -69,10 +70,25 @@ def test_missing_column_lists_what_the_file_has(tmp_path):
                    "the file has columns: 'TIMESTAMP', 'ContextTokens'")
 
 
-def test_ragged_csv_row(tmp_path):
-    msg = azure_error(tmp_path, AZ + f"{T0},1,10\n{T0},1,10,99\n")
-    assert msg == (f"{tmp_path / 'a.csv'}: cannot parse the file (Error tokenizing data. C error: Expected 3 fields "
-                   "in line 3, saw 4); expected rows with one field per header column")
+@pytest.mark.parametrize("body, line, row", [
+    (f"{T0},1,10\n{T0},1,10,99\n", 3, f"{T0},1,10,99"),  # pandas itself refuses a later row
+    # the first data row: pandas (index_col=False) dropped the extra field with only a warning
+    (f"{T0},1,000,10\n{T0},2500,8\n", 2, f"{T0},1,000,10"),
+    (f"{T0},1,000,10\n{T0},2,500,8\n", 2, f"{T0},1,000,10"),  # every row: read as 1,0 and 2,500
+    (f"\n{T0},1,000,10\n", 3, f"{T0},1,000,10"),  # a blank line first still counts
+])
+def test_ragged_csv_row(tmp_path, body, line, row):
+    msg = azure_error(tmp_path, AZ + body)
+    assert msg == (f"{tmp_path / 'a.csv'}, line {line}: 4 fields where the header has 3: {row!r}; "
+                   "expected one field per header column (quote a value that holds ',')")
+
+
+def test_ragged_tsv_row_names_the_separator(tmp_path):
+    (tmp_path / "a.tsv").write_text("t\tin\tout\n0\t5\t6\t7\n")
+    msg = error_of({"format": "csv", "path": "a.tsv", "sep": "\t",
+                    "columns": {"arrival": "t", "prompt_tokens": "in", "output_tokens": "out"}}, tmp_path)
+    assert msg == (f"{tmp_path / 'a.tsv'}, line 2: 4 fields where the header has 3: '0\\t5\\t6\\t7'; "
+                   "expected one field per header column (quote a value that holds '\\t')")
 
 
 def mooncake_error(tmp_path: Path, text: str) -> str:
@@ -95,10 +111,22 @@ def mooncake_error(tmp_path: Path, text: str) -> str:
      "'five' is not a number; expected a whole number of tokens >= 0"),
     ('{"timestamp": -4, "input_length": 5, "output_length": 1}\n', "line 1, column 'timestamp'",
      "negative value '-4'; expected a time in ms >= 0"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 5, "input_length": true, "output_length": 1}\n',
+     "line 2, column 'input_length'", "'true' is a boolean; expected a whole number of tokens >= 0"),
+    ('{"timestamp": false, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', "line 1, column 'timestamp'",
+     "'false' is a boolean; expected a time in ms >= 0"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": 7}\n', "line 1, column 'hash_ids'",
      "'7' is not a list of integers; expected a list of block hashes"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2.5]}\n', "line 1, column 'hash_ids'",
      "'[1, 2.5]' is not a list of integers; expected a list of block hashes"),
+    # hash_ids on some rows only: read "'None' is not a list of integers"
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": 5, '
+     '"output_length": 1}\n', "line 2, column 'hash_ids'",
+     "missing value; expected a list of block hashes on every row (or on none)"),
+    # ... and, when the first row had none and the fast path gave up (a float), were ignored without a word
+    ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1, "input_length": 5, '
+     '"output_length": 1, "hash_ids": [1, 2.5]}\n', "line 1, column 'hash_ids'",
+     "missing value; expected a list of block hashes on every row (or on none)"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2}\n', "line 1",
      "not valid JSON (Expecting ',' delimiter): "
      "'{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"...'; "  # long lines are cut at 60
@@ -149,9 +177,54 @@ def vllm_error(tmp_path: Path, **change) -> str:
     ({"request_rate": 0}, "field 'request_rate'", "'0.0' is not positive; expected a rate > 0 or \"inf\""),
     ({"burstiness": -1}, "field 'burstiness'", "'-1' is not a positive number; expected vLLM's gamma shape (1 = Poisson)"),
     ({"input_lens": [], "output_lens": [], "errors": []}, "field 'input_lens'", "is empty; expected one entry per request"),
+    # booleans: float(true) is 1.0, so each replayed as a 1 req/s rate, a Poisson shape or a 1-token prompt
+    ({"request_rate": True}, "field 'request_rate'", "'true' is a boolean; expected a number or \"inf\""),
+    ({"burstiness": True}, "field 'burstiness'", "'true' is a boolean; expected vLLM's gamma shape (1 = Poisson)"),
+    ({"input_lens": [120, True, 64, 400, 36]}, "field 'input_lens[1]'",
+     "'true' is a boolean; expected a whole number of tokens >= 0"),
+    ({"output_lens": [100, 128, 0, False, 22]}, "field 'output_lens[3]'",
+     "'false' is a boolean; expected a whole number of tokens >= 0"),
 ])
 def test_bad_vllm_bench(tmp_path, change, where, what):
     assert vllm_error(tmp_path, **change) == f"{tmp_path / 'v.json'}, {where}: {what}"
+
+
+CLOSED_HOW = "expected workload.arrival: {process: closed, concurrency: 8} with trace.arrivals_from: arrival"
+
+
+@pytest.mark.parametrize("change, what", [
+    # vllm bench serve --max-concurrency 8 (--request-rate inf): replayed every request at t = 0, saying nothing
+    ({"request_rate": "inf", "max_concurrency": 8},
+     "is 8 at request_rate inf: the run was a closed loop of 8 clients, whose send times depend on the server's "
+     f"responses, so its arrivals are not replayed; {CLOSED_HOW}"),
+    ({"request_rate": "inf", "max_concurrency": 8, "start_times": [0.0, 0.1, 0.2, 0.3, 0.4]},
+     "is 8 at request_rate inf: the run was a closed loop of 8 clients, whose send times depend on the server's "
+     f"responses, so its arrivals are not replayed; {CLOSED_HOW}"),
+    # capped at a finite rate: replayed gamma gaps at the uncapped rate
+    ({"request_rate": 4.0, "max_concurrency": 8},
+     "is 8 at request_rate 4 and the file has no start_times: requests sent at a rate and capped at 8 in flight "
+     "are neither an open nor a closed loop, so their arrivals cannot be regenerated; expected a file with "
+     "start_times, or trace.arrivals_from: arrival with a workload.arrival (a closed loop: "
+     "{process: closed, concurrency: 8}, or a rate)"),
+    ({"max_concurrency": 0}, "'0' is not a client count; expected a positive integer or null"),
+    ({"max_concurrency": True}, "'true' is not a client count; expected a positive integer or null"),
+])
+def test_vllm_bench_capped_by_max_concurrency_is_refused_with_the_fix(tmp_path, change, what):
+    assert vllm_error(tmp_path, **change) == f"{tmp_path / 'v.json'}, field 'max_concurrency': {what}"
+
+
+def test_vllm_bench_capped_run_replays_with_start_times_or_the_closed_loop_it_names(tmp_path):
+    data = json.loads((FIXTURES / "vllm_bench_small.json").read_text())
+    starts = [0.0, 0.5, 0.75, 2.0, 2.5]
+    (tmp_path / "v.json").write_text(json.dumps({**data, "max_concurrency": 8, "start_times": starts}))
+    wl = build_workload(WorkloadConfig.model_validate({"trace": {"format": "vllm_bench", "path": "v.json"}}),
+                        np.random.default_rng(0), tmp_path)
+    assert wl.arrival.tolist() == [0.0, 0.5, 2.0, 2.5]  # the saved send times (request 2 failed)
+    (tmp_path / "v.json").write_text(json.dumps({**data, "request_rate": "inf", "max_concurrency": 8}))
+    wl = build_workload(WorkloadConfig.model_validate({
+        "arrival": {"process": "closed", "concurrency": 8},
+        "trace": {"format": "vllm_bench", "path": "v.json", "arrivals_from": "arrival"}}), np.random.default_rng(0), tmp_path)
+    assert wl.closed is not None and wl.closed.concurrency == 8 and len(wl) == 4
 
 
 def test_vllm_bench_not_json(tmp_path):
@@ -165,6 +238,23 @@ def test_empty_window_says_what_the_trace_spans():
     msg = error_of({"format": "azure", "path": "azure_code_small.csv", "start_s": 100}, FIXTURES)
     assert msg == (f"{FIXTURES / 'azure_code_small.csv'}: no requests in the window start_s=100.0, end_s=None; "
                    "the trace spans 0 to 6.27004 s after its first request")
+
+
+def test_a_sample_that_rounds_to_no_rows_is_an_error_not_an_empty_run():
+    # lengths_small.csv has 3 rows: 0.1 of them rounds to 0 (the run had no requests and exited 0)
+    msg = error_of({"format": "lengths", "path": "lengths_small.csv", "sample": 0.1}, FIXTURES,
+                   arrival={"process": "poisson", "rate": 2.0})
+    assert msg == (f"workload.trace.sample ({FIXTURES / 'lengths_small.csv'}): 0.1 of the 3 rows rounds to 0 rows; "
+                   "expected a fraction that keeps at least one row (1/3 = 0.333)")
+    cfg = WorkloadConfig.model_validate({"num_requests": 4, "arrival": {"process": "empirical", "trace": {
+        "format": "azure", "path": "azure_code_small.csv", "sample": 0.05}}})
+    with pytest.raises(InputError, match=re.escape(
+            f"workload.arrival.trace.sample ({FIXTURES / 'azure_code_small.csv'}): 0.05 of the 5 rows rounds to 0")):
+        build_workload(cfg, np.random.default_rng(0), FIXTURES)
+    # the suggested fraction keeps one row
+    cfg = WorkloadConfig.model_validate({"arrival": {"process": "poisson", "rate": 2.0},
+                                         "trace": {"format": "lengths", "path": "lengths_small.csv", "sample": 0.333}})
+    assert len(build_workload(cfg, np.random.default_rng(0), FIXTURES)) == 1
 
 
 def test_empirical_arrival_needs_two_distinct_times(tmp_path):

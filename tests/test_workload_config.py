@@ -70,6 +70,14 @@ def test_every_field_has_a_description():
      "arrival cannot be combined with trace (format 'azure'), which supplies them; remove them or use format 'lengths'"),
     ({"trace": {"format": "lengths", "path": "a.csv"}, "prompt_tokens": {"dist": "fixed", "value": 3}},
      "prompt_tokens cannot be combined with trace (format 'lengths')"),
+    # `--set workload.arrival.rate=20` next to a trace with times: an arrival without a process, which
+    # failed as "missing 'process'" and hid the mistake
+    ({"trace": {"format": "azure", "path": "a.csv"}, "arrival": {"rate": 20}},
+     "arrival cannot be combined with trace (format 'azure'), which supplies them"),
+    ({"trace": {"format": "vllm_bench", "path": "r.json"}, "arrival": {"process": "poisson", "rate": -1}},
+     "arrival cannot be combined with trace (format 'vllm_bench'), which supplies them"),
+    ({"trace": {"format": "lengths", "path": "a.csv"}, "output_tokens": {"value": 3}},
+     "output_tokens cannot be combined with trace (format 'lengths')"),
     ({"trace": {"format": "vllm_bench", "path": "r.json", "arrivals_from": "arrival", "speedup": 2}},
      "speedup apply to recorded arrivals; with arrivals_from: arrival set the rate in workload.arrival instead"),
     ({"num_requests": 5, "arrival": {"process": "empirical", "trace": {"format": "lengths", "path": "a.csv"}}},

@@ -493,11 +493,16 @@ def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: in
     """What produced a run's numbers, so it can be told apart and reproduced: the resolved model,
     hardware, parallelism, dtypes, the policy's effective knobs (defaults included), the KV
     capacity, the workload's arrivals, the seed, batchsim's version, the engine, and a hash of
-    the whole resolved scenario but its ``engine`` (equal hashes: the same simulation)."""
+    the whole resolved scenario but its ``engine`` (equal hashes: the same simulation).
+    ``arrival`` is what decided the arrival times: the trace when its file has them, else the
+    arrival process (a ``lengths`` trace, ``vllm_bench`` with ``arrivals_from: arrival``, a
+    closed loop); ``trace`` is the trace, whenever there is one."""
     resolved = scenario.model_dump(mode="json")
     resolved.pop("engine", None)  # (which engine runs never changes the numbers: not part of the hash)
     resolved.pop("engine_preset_values", None)  # (a record of what the preset filled: the policy holds it)
     wl = resolved.get("workload", {})
+    # NOTE: was `trace or arrival`: a lengths trace at 4 and at 32 closed-loop clients read the same
+    timed = scenario.workload.trace_has_arrivals
     return {
         "batchsim_version": __version__, "engine": engine,
         "scenario": scenario.name,
@@ -510,7 +515,8 @@ def provenance(scenario: Scenario, parts: Parts, policy, meta: dict, max_len: in
         "policy": policy.config.model_dump(mode="json"),
         "kv_blocks_per_replica": meta["kv_blocks"], "block_size": meta["block_size"],
         "kv_capacity_tokens_per_replica": meta["kv_capacity_tokens"], "max_model_len": max_len,
-        "arrival": wl.get("trace") or wl.get("arrival"), "requests": len(parts.workload),
+        "arrival": wl.get("trace") if timed else wl.get("arrival"),
+        **({"trace": wl["trace"]} if wl.get("trace") else {}), "requests": len(parts.workload),
         "seed": scenario.seed, **({"engine_preset": scenario.engine_preset} if scenario.engine_preset else {}),
     }
 

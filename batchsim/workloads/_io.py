@@ -25,7 +25,7 @@ from batchsim.sim.errors import InputError
 
 from .config import MAX_TOKENS
 
-__all__ = ["Table", "resolve", "read_csv", "read_jsonl", "read_table", "tokens", "numbers", "times", "fail"]
+__all__ = ["Table", "resolve", "read_csv", "read_jsonl", "read_table", "tokens", "numbers", "times", "fail", "boolean"]
 
 
 @dataclass
@@ -100,11 +100,17 @@ def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     # skip_blank_lines=False keeps row i on line i + 2; both cost nothing on clean files.
     # Every column is parsed (no usecols): with usecols pandas silently accepts rows with
     # extra fields, which is how an unquoted comma shifts a row's values unnoticed.
+    # NOTE: pandas refuses a row with more fields than the header only after the first data
+    # row: when the first one has them, index_col=False drops the extras with just a
+    # ParserWarning (`1,000` read as 1 and 0). The warning is made an error here.
     try:
-        df = pd.read_csv(path, sep=sep, na_filter=False, skip_blank_lines=False, low_memory=False,
-                         index_col=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise fail(path, None, None, f"cannot parse the file ({str(e).strip()}); expected rows with one field per header column") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, sep=sep, na_filter=False, skip_blank_lines=False, low_memory=False,
+                             index_col=False)
+    except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError, ValueError) as e:
+        raise _ragged(path, sep, len(header.columns)) or fail(
+            path, None, None, f"cannot parse the file ({str(e).strip()}); expected rows with one field per header column") from None
     cols = {c: df[names[c]].to_numpy() for c in columns}
     # NOTE: row i is line i + 2 only while no quoted field spans lines; traces have none.
     lines = np.arange(2, len(df) + 2, dtype=np.int64)
@@ -117,6 +123,23 @@ def read_csv(path: Path, columns: list[str], sep: str = ",") -> Table:
     if len(table) == 0:
         raise fail(path, None, None, "no data rows after the header; expected at least one request")
     return table
+
+
+def _ragged(path: Path, sep: str, width: int) -> InputError | None:
+    """The first row with more fields than the header's ``width`` (the slow path, run only
+    when pandas refused or warned about the file); None when there is none to name."""
+    import csv
+
+    if len(sep) != 1:  # (pandas reads a longer sep as a regular expression; csv cannot)
+        return None
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = csv.reader(f, delimiter=sep)
+        for row in rows:
+            if len(row) > width:
+                return fail(path, rows.line_num, None,
+                            f"{len(row)} fields where the header has {width}: {_short(sep.join(row))}; expected "
+                            f"one field per header column (quote a value that holds {sep!r})")
+    return None
 
 
 def read_jsonl(path: Path, keys: list[str], int_list: str | None = None) -> Table:
@@ -134,7 +157,8 @@ def read_jsonl(path: Path, keys: list[str], int_list: str | None = None) -> Tabl
     keep = [i for i, s in enumerate(raw) if s.strip()]
     rows = _parse_rows(path, raw, keep)
     _missing(path, keys, list(rows[0]), "key", keep[0] + 1)
-    names = [*keys, *([int_list] if int_list is not None and int_list in rows[0] else [])]
+    # (the key on any row, as the fast path sees it: on the first only, a row without it went unnoticed)
+    names = [*keys, *([int_list] if int_list is not None and any(int_list in r for r in rows) else [])]
     cols = {k: _objects([r.get(k) for r in rows]) for k in names}
     return Table(path, cols, np.asarray(keep, dtype=np.int64) + 1)
 
@@ -245,8 +269,13 @@ def _fmt(v: object) -> str:
 
 
 def numbers(table: Table, column: str, expected: str, *, nonneg: bool = True) -> np.ndarray:
-    """A column as float64; the first non-number, missing or negative value raises."""
+    """A column as float64; the first boolean, non-number, missing or negative value raises."""
     raw = table.columns[column]
+    # NOTE: numpy reads True as 1.0: `"input_length": true` replayed a 1-token prompt (and a
+    # CSV column of only true/false, which pandas parses as booleans, did the same).
+    if raw.dtype == bool or (raw.dtype == object and not set(map(type, raw)).isdisjoint(_BOOLS)):
+        i = next(i for i, v in enumerate(raw) if isinstance(v, _BOOLS))
+        raise table.error(i, column, f"{boolean(raw[i])} is a boolean; expected {expected}")
     try:
         vals = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON integer beyond float64
@@ -262,6 +291,14 @@ def numbers(table: Table, column: str, expected: str, *, nonneg: bool = True) ->
         i = int(np.argmax(vals < 0))
         raise table.error(i, column, f"negative value {_fmt(raw[i])}; expected {expected}")
     return vals
+
+
+_BOOLS = (bool, np.bool_)
+
+
+def boolean(v: object) -> str | None:
+    """``'true'``/``'false'`` (quoted, as JSON spells them) when ``v`` is a boolean, else None."""
+    return repr(str(bool(v)).lower()) if isinstance(v, _BOOLS) else None
 
 
 def _first_non_number(table: Table, column: str, expected: str) -> None:

@@ -6,11 +6,12 @@ comes first; at least one of them is given). All randomness comes from the
 ``numpy.random.Generator`` passed in, and every draw is vectorized in chunks,
 so a million arrivals cost a few milliseconds.
 
-Time origin: the first request arrives at t = 0. Renewal processes (poisson,
-gamma, constant, empirical) start with a request at 0 and then draw gaps, as
-``vllm bench serve`` does; the time-varying ones (onoff, diurnal) run on
-their own clock from 0 and are shifted so their first request is at 0. A zero
-rate yields no requests.
+Time origin: the first request arrives at t = 0 (:func:`_first_at_zero`, the one
+statement of it). Renewal processes (poisson, gamma, constant, empirical) send it
+and then draw gaps, as ``vllm bench serve`` does; the time-varying ones (onoff,
+diurnal) send it and then add their own arrivals on their own clock from 0,
+unshifted, so onoff keeps its stationary start and diurnal its phase. A zero rate
+yields no requests.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ def _cut(t: np.ndarray, n: int | None, duration: float | None) -> np.ndarray:
     return t[:n] if n is not None else t
 
 
+def _first_at_zero(later: np.ndarray, n: int | None, duration: float | None) -> np.ndarray:
+    """A request at t = 0, then ``later`` (sorted, on the process's own clock from 0): the first
+    ``n`` before ``duration``. Every process starts this way (vllm bench serve sends its first
+    request at once), so a process's clock is never shifted to put its own first arrival at 0."""
+    return _cut(np.concatenate(([0.0], later)), n, duration)
+
+
 def renewal(draw: Callable[[int], np.ndarray], mean_gap: float, n: int | None, duration: float | None) -> np.ndarray:
     """First request at 0, then gaps from ``draw(k)`` (k i.i.d. gaps), until ``n`` or ``duration``."""
     if n == 0 or (duration is not None and duration <= 0):
@@ -66,16 +74,16 @@ def renewal(draw: Callable[[int], np.ndarray], mean_gap: float, n: int | None, d
     if duration is None:
         assert n is not None
         with np.errstate(over="ignore"):  # overflowing times are dropped by _cut
-            return _cut(np.concatenate(([0.0], np.cumsum(draw(n - 1)))), n, None)
+            return _first_at_zero(np.cumsum(draw(n - 1)), n, None)
     expected = duration / mean_gap + 1.0 if mean_gap > 0 else float(n or 0)
     _check_count(expected, n)
     size = _chunk(min(expected, n) if n is not None else expected)
-    parts, last, count = [np.zeros(1)], 0.0, 1
+    parts, last, count = [_EMPTY], 0.0, 1
     while last < duration and (n is None or count < n):
         t = last + np.cumsum(draw(size))
         parts.append(t)
         last, count = float(t[-1]), count + size
-    return _cut(np.concatenate(parts), n, duration)
+    return _first_at_zero(np.concatenate(parts), n, duration)
 
 
 def poisson(cfg: PoissonArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
@@ -113,7 +121,8 @@ def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: 
     """Two-state MMPP: exponential on/off periods, Poisson arrivals at the state's rate.
 
     The process starts in the on state with probability mean_on/(mean_on+mean_off)
-    (its stationary distribution), so the long-run rate holds from t = 0.
+    (its stationary distribution), so the long-run rate holds from t = 0; the request
+    at 0 comes on top (:func:`_first_at_zero`).
     """
     cycle = cfg.mean_on_s + cfg.mean_off_s
     mean_rate = (cfg.rate_on * cfg.mean_on_s + cfg.rate_off * cfg.mean_off_s) / cycle
@@ -143,12 +152,14 @@ def onoff(cfg: OnOffArrival, rng: np.random.Generator, n: int | None, duration: 
         clock, count = float(start[-1] + length[-1]), count + int(k.sum())
         if not math.isfinite(clock):  # later arrivals would overflow float64
             break
-    t = _cut(np.concatenate(parts), n, duration)
-    return t - t[0] if len(t) else t
+    # NOTE: was shifted so its own first arrival was at 0, which undid the stationary start
+    # (an off start's silence was cut out: 95 requests in the first 10 s where 28.6 belong).
+    return _first_at_zero(np.concatenate(parts), n, duration)
 
 
 def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, duration: float | None) -> np.ndarray:
-    """Poisson with rate(t) = rate * (1 + amplitude * cos(2 pi (t - phase_s) / period_s)), by thinning."""
+    """Poisson with rate(t) = rate * (1 + amplitude * cos(2 pi (t - phase_s) / period_s)), by thinning;
+    the request at 0 comes on top (:func:`_first_at_zero`)."""
     if cfg.rate == 0 or n == 0 or (duration is not None and duration <= 0):
         return _EMPTY
     peak = cfg.rate * (1.0 + cfg.amplitude)
@@ -170,8 +181,8 @@ def diurnal(cfg: DiurnalArrival, rng: np.random.Generator, n: int | None, durati
         clock, count = float(cand[-1]), count + len(keep)
         if not math.isfinite(clock):  # later arrivals would overflow float64
             break
-    t = _cut(np.concatenate(parts), n, duration)
-    return t - t[0] if len(t) else t
+    # NOTE: was shifted so its own first arrival was at 0, which moved the peak off phase_s.
+    return _first_at_zero(np.concatenate(parts), n, duration)
 
 
 def empirical(cfg: EmpiricalArrival, rng: np.random.Generator, n: int | None, duration: float | None,
@@ -185,7 +196,7 @@ def empirical(cfg: EmpiricalArrival, rng: np.random.Generator, n: int | None, du
 
     if cfg.rate == 0:
         return _EMPTY
-    t = load_timed(cfg.trace, base_dir, rng)[0]
+    t = load_timed(cfg.trace, base_dir, rng, "workload.arrival.trace")[0]
     gaps = np.diff(t)
     if len(gaps) == 0 or gaps.sum() <= 0:
         raise InputError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from batchsim.sim.errors import bool_as_number
@@ -169,6 +169,17 @@ TraceConfig = Annotated[
 ]
 TIMED_FORMATS = ("azure", "mooncake", "burstgpt", "csv", "jsonl")
 """Formats whose files carry arrival times."""
+
+
+def supplies_arrivals(trace) -> bool:
+    """Whether ``trace`` (a validated trace config, or None), not ``workload.arrival``, decides
+    when requests arrive."""
+    if trace is None or trace.format == "lengths":
+        return False
+    return not (trace.format == "vllm_bench" and trace.arrivals_from == "arrival")
+
+
+_TRACE = TypeAdapter(TraceConfig)
 
 
 # ------------------------------------------------------------------- arrivals
@@ -376,6 +387,29 @@ class WorkloadConfig(_Model):
         None, description="Give requests shared prompt prefixes (for prefix caching); not with a Mooncake trace, "
                           "which has its own hash_ids.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced(cls, data):
+        # NOTE: a section the trace overrides is an error, not silently ignored:
+        # a scenario that sets arrival.rate next to an Azure trace would otherwise
+        # report results for a load it never simulated. Checked before the sections
+        # themselves: `--set workload.arrival.rate=20` next to a trace made an arrival
+        # without a process, and its "missing 'process'" hid the real mistake.
+        if not isinstance(data, dict) or data.get("trace") is None:
+            return data
+        try:
+            trace = _TRACE.validate_python(data["trace"])
+        except ValidationError:
+            return data  # (the trace's own error, from the validation that follows)
+        ignored = [f for f in ("arrival", "prompt_tokens", "output_tokens") if f in data
+                   and (f != "arrival" or supplies_arrivals(trace))]
+        if ignored:
+            raise ValueError(
+                f"{', '.join(ignored)} cannot be combined with trace (format '{trace.format}'), "
+                "which supplies them; remove them or use format 'lengths'"
+            )
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "WorkloadConfig":
         if self.shared_prefix is not None and self.trace is not None and self.trace.format == "mooncake":
@@ -389,27 +423,11 @@ class WorkloadConfig(_Model):
             if self.trace is not None and self.trace_has_arrivals:
                 raise ValueError("a closed loop makes its own arrival times: use a 'lengths' trace, or a "
                                  "'vllm_bench' one with trace.arrivals_from: arrival")
-        if self.trace is None:
-            if self.num_requests is None and self.duration_s is None:
-                raise ValueError("set num_requests or duration_s (or both) for a synthetic workload")
-            return self
-        # NOTE: a section the trace overrides is an error, not silently ignored:
-        # a scenario that sets arrival.rate next to an Azure trace would otherwise
-        # report results for a load it never simulated.
-        ignored = [f for f in ("prompt_tokens", "output_tokens") if f in self.model_fields_set]
-        if self.trace_has_arrivals and "arrival" in self.model_fields_set:
-            ignored.insert(0, "arrival")
-        if ignored:
-            raise ValueError(
-                f"{', '.join(ignored)} cannot be combined with trace (format '{self.trace.format}'), "
-                "which supplies them; remove them or use format 'lengths'"
-            )
+        if self.trace is None and self.num_requests is None and self.duration_s is None:
+            raise ValueError("set num_requests or duration_s (or both) for a synthetic workload")
         return self
 
     @property
     def trace_has_arrivals(self) -> bool:
         """Whether the trace, not ``arrival``, decides when requests arrive."""
-        t = self.trace
-        if t is None or t.format == "lengths":
-            return False
-        return not (t.format == "vllm_bench" and t.arrivals_from == "arrival")
+        return supplies_arrivals(self.trace)

@@ -60,6 +60,9 @@ class Trace:
             return tuple(self.hashes.tolist())
         out = []
         for i, h in enumerate(self.hashes):
+            if h is None:  # (absent or null, while other rows have them)
+                raise _io.fail(self.path, int(self.lines[i]), "hash_ids", "missing value; expected a list of block "
+                                                                          "hashes on every row (or on none)")
             if not isinstance(h, (list, tuple)) or not all(type(x) is int for x in h):
                 raise _io.fail(self.path, int(self.lines[i]), "hash_ids",
                                f"{_io._short(h)} is not a list of integers; expected a list of block hashes")
@@ -119,8 +122,9 @@ def read_vllm_bench(cfg: VllmBenchTrace, path: Path, rng: np.random.Generator) -
     ``start_times``). With ``arrivals_from: recorded`` the arrivals are drawn
     the way vLLM drew them: the first at 0, then gamma gaps with shape
     ``burstiness`` and mean ``1/request_rate`` (all at 0 when the rate is
-    "inf"). NOTE: a run limited by ``max_concurrency`` was closed-loop; its
-    recorded rate is then an upper bound on the real one.
+    "inf"). A run with ``max_concurrency`` is refused there (:func:`_capped`),
+    as ``batchsim calibrate --from-bench`` reads it: at an infinite rate it was
+    a closed loop, at a finite one without ``start_times`` neither loop.
     """
     try:
         data = json.loads(path.read_text())
@@ -150,6 +154,7 @@ def read_vllm_bench(cfg: VllmBenchTrace, path: Path, rng: np.random.Generator) -
     t = _io.Table(path, cols, np.arange(n, dtype=np.int64), fields=True)
     time = None
     if cfg.arrivals_from == "recorded":
+        _capped(data, "start_times" in cols, field)
         time = _io.times(t, "start_times", "s") if "start_times" in cols else _recorded(data, n, rng, field)
     tr = _trace(t, time, "input_lens", "output_lens")
     if cfg.failed == "keep":
@@ -160,19 +165,62 @@ def read_vllm_bench(cfg: VllmBenchTrace, path: Path, rng: np.random.Generator) -
     return tr.take(~failed)
 
 
-def _recorded(data: dict, n: int, rng: np.random.Generator, field) -> np.ndarray:
+def _rate(data: dict, field) -> float:
+    """The saved ``request_rate`` (a number or "inf")."""
     rate = data.get("request_rate")
+    if _io.boolean(rate):  # NOTE: float(true) is 1.0: a 1 req/s replay
+        raise field("request_rate", f"{_io.boolean(rate)} is a boolean; expected a number or \"inf\"")
     try:
         rate = float(rate)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float64
         raise field("request_rate", f"{_io._short(rate)} is not a rate; expected a number or \"inf\" (or set arrivals_from: arrival)") from None
+    if not rate > 0:
+        raise field("request_rate", f"{_io._short(rate)} is not positive; expected a rate > 0 or \"inf\"")
+    return rate
+
+
+def _capped(data: dict, has_start: bool, field) -> None:
+    """Refuse to replay the recorded arrivals of a run that ``max_concurrency`` capped in flight.
+
+    NOTE: this is the rule ``batchsim calibrate --from-bench`` applies (batchsim/calibrate/bench.py,
+    which this layer does not import): at an infinite rate the run was a closed loop of that many
+    clients, whose send times follow from the server's completions (replayed as one there, so
+    here the user says so: arrival process closed); at a finite rate without start_times,
+    requests sent at a rate and capped in flight are neither loop, so no arrivals can be made.
+    With a finite rate and start_times the saved send times are replayed. It replayed every
+    request at t = 0 (rate "inf") or a gamma draw at the uncapped rate, saying nothing.
+    """
+    conc = data.get("max_concurrency")
+    if conc is None:
+        return
+    if type(conc) is float and conc.is_integer():
+        conc = int(conc)
+    if type(conc) is not int or conc <= 0:
+        shown = _io.boolean(conc) or _io._short(conc)
+        raise field("max_concurrency", f"{shown} is not a client count; expected a positive integer or null")
+    rate = _rate(data, field)
+    closed = f"workload.arrival: {{process: closed, concurrency: {conc}}} with trace.arrivals_from: arrival"
+    if np.isinf(rate):
+        raise field("max_concurrency", f"is {conc} at request_rate inf: the run was a closed loop of {conc} clients, "
+                                       "whose send times depend on the server's responses, so its arrivals are "
+                                       f"not replayed; expected {closed}")
+    if not has_start:
+        raise field("max_concurrency", f"is {conc} at request_rate {rate:g} and the file has no start_times: requests "
+                                       f"sent at a rate and capped at {conc} in flight are neither an open nor a "
+                                       "closed loop, so their arrivals cannot be regenerated; expected a file with "
+                                       f"start_times, or trace.arrivals_from: arrival with a workload.arrival "
+                                       f"(a closed loop: {{process: closed, concurrency: {conc}}}, or a rate)")
+
+
+def _recorded(data: dict, n: int, rng: np.random.Generator, field) -> np.ndarray:
+    rate = _rate(data, field)
+    if _io.boolean(data.get("burstiness")):  # NOTE: float(true) is 1.0: a Poisson replay
+        raise field("burstiness", f"{_io.boolean(data['burstiness'])} is a boolean; expected vLLM's gamma shape (1 = Poisson)")
     shown = burst = data.get("burstiness", 1.0)
     if isinstance(burst, int):  # NOTE: a JSON integer may exceed float64 (and numpy's int64)
         burst = float(burst) if abs(burst) < 1e300 else float("inf")
     if not isinstance(burst, (int, float)) or not burst > 0:
         raise field("burstiness", f"{_io._short(shown)} is not a positive number; expected vLLM's gamma shape (1 = Poisson)")
-    if not rate > 0:
-        raise field("request_rate", f"{_io._short(rate)} is not positive; expected a rate > 0 or \"inf\"")
     if not np.isfinite(burst):  # NOTE: an infinite shape drew NaN gaps: fewer times than rows
         raise field("burstiness", f"{_io._short(shown)} is not finite; expected vLLM's gamma shape (1 = Poisson)")
     if np.isinf(rate) or n == 0:
@@ -231,9 +279,12 @@ def _window(tr: Trace, cfg: TraceConfig) -> Trace:
     return tr.take(keep)
 
 
-def _subsample(tr: Trace, cfg: TraceConfig, rng: np.random.Generator) -> Trace:
+def _subsample(tr: Trace, cfg: TraceConfig, rng: np.random.Generator, field: str) -> Trace:
     if cfg.sample is not None and cfg.sample < 1:
         k = int(round(cfg.sample * len(tr)))
+        if k == 0:  # NOTE: was an empty run that exited 0
+            raise InputError(f"{cfg.sample:g} of the {len(tr)} rows rounds to 0 rows; expected a fraction that "
+                             f"keeps at least one row (1/{len(tr)} = {1 / len(tr):.3g})", f"{field}.sample ({tr.path})")
         tr = tr.take(np.sort(rng.choice(len(tr), size=k, replace=False)))
     if getattr(cfg, "shuffle", False):
         tr = tr.take(rng.permutation(len(tr)))
@@ -242,8 +293,9 @@ def _subsample(tr: Trace, cfg: TraceConfig, rng: np.random.Generator) -> Trace:
     return tr
 
 
-def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> Trace:
-    """Read, validate and apply the shared options; times start at 0 unless ``keep_time``."""
+def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator, field: str = "workload.trace") -> Trace:
+    """Read, validate and apply the shared options; times start at 0 unless ``keep_time``.
+    ``field``: where ``cfg`` is in the scenario, for errors about its options."""
     path = _io.resolve(cfg.path, base_dir)
     tr = READERS[cfg.format](cfg, path, rng)
     if len(tr) == 0:
@@ -251,7 +303,7 @@ def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> T
                          "(or set failed: keep)", str(path))
     if tr.time is not None:
         tr = _window(_sorted(tr), cfg)
-    tr = _subsample(tr, cfg, rng)
+    tr = _subsample(tr, cfg, rng, field)
     if tr.time is not None:
         with np.errstate(over="ignore"):
             time = tr.time / cfg.speedup
@@ -264,9 +316,10 @@ def load(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> T
     return replace(tr, prompt=np.maximum(tr.prompt, cfg.min_tokens), output=np.maximum(tr.output, cfg.min_tokens))
 
 
-def load_timed(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator) -> tuple[np.ndarray, Trace]:
+def load_timed(cfg: TraceConfig, base_dir: Path | None, rng: np.random.Generator,
+               field: str = "workload.trace") -> tuple[np.ndarray, Trace]:
     """:func:`load` for a trace that must have times: ``(time, trace)``."""
-    tr = load(cfg, base_dir, rng)
+    tr = load(cfg, base_dir, rng, field)
     if tr.time is None:
         raise InputError(f"format '{cfg.format}' has no arrival times; expected a trace with times", str(tr.path))
     return tr.time, tr
