@@ -231,3 +231,18 @@ def test_cli_default_seeds_match_the_library():
     from batchsim.app.regress import DEFAULT_SEEDS
 
     assert cli_default == DEFAULT_SEEDS == 5
+
+
+@pytest.mark.parametrize("policy, needle", [
+    ("{name: continuous, max_num_seqs: -3}", "p.yaml: policy.max_num_seqs: got -3"),
+    ("{name: continuous, bogus: 1}", "p.yaml: policy.bogus: unknown knob for policy 'continuous'"),
+    ("{name: continuous, prefill_mode: sideways}", "p.yaml: policy.prefill_mode: got 'sideways'"),
+])
+def test_bad_policy_knob_is_run_s_error_exit_2(work, capsys, monkeypatch, policy, needle):
+    """A bad knob crashed regress with a pydantic traceback (exit 1): now it is the error
+    `batchsim run` prints for the same file, naming the file and the field, exit 2."""
+    (work / "p.yaml").write_text(SCENARIO.replace("{name: continuous}", policy))
+    code, out, err = cli(capsys, monkeypatch, "regress", "p.yaml", "--baseline", "base.json")
+    assert code == 2 and needle in err and "Traceback" not in out + err, out + err
+    run_code, _, run_err = cli(capsys, monkeypatch, "run", "p.yaml", "--out", "r")
+    assert run_code == 2 and run_err == err  # the same validation, the same words

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable
 
 from batchsim.reports.regression import DEFAULT_METRICS, RegressionReport, ScenarioDiff, compare
 from batchsim import __version__
-from batchsim.app.config import Scenario, load_scenario
+from batchsim.app.config import Scenario, load_scenario, naming_file
 from batchsim.sim.errors import InputError
 from batchsim.sim.io import atomic_write_text
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
@@ -95,11 +95,13 @@ def scenario_key(path: Path, baseline: Path) -> str:
 
 
 def _policy_dump(spec: dict) -> dict:
-    """The policy section normalized by the policy's own Config (defaults dropped)."""
-    from batchsim.policies.registry import policy_class
+    """The policy section normalized by the policy's own Config (defaults dropped).
 
-    cls = policy_class(spec["name"])
-    return cls.Config.model_validate(dict(spec)).model_dump(mode="json", exclude_defaults=True)
+    Built by ``create_policy``, the one validation ``batchsim run`` uses too: a bad knob is
+    the same InputError naming ``policy.<knob>`` and its value."""
+    from batchsim.policies.registry import create_policy
+
+    return create_policy(spec).config.model_dump(mode="json", exclude_defaults=True)
 
 
 def _referenced(dump: dict, base_dir: Path) -> list[tuple[str, Path]]:
@@ -263,10 +265,11 @@ def _run_one(path: Path, baseline: Path, runner: Runner, seeds: int) -> _Run:
 
     scenario = load_scenario(path)
     base_dir = path.resolve().parent
-    inputs = scenario_inputs(scenario, base_dir)
+    # (a bad field found while hashing or running is named with its file, as batchsim run names it)
+    inputs = naming_file(path, scenario_inputs, scenario, base_dir)
     t0 = time.perf_counter()
     runs = [with_seed(scenario, i) for i in range(seeds)]  # compare's rule: seed + i
-    summaries = [runner(s, base_dir) for s in runs]
+    summaries = [naming_file(path, runner, s, base_dir) for s in runs]
     return _Run(scenario_key(path, baseline), scenario, inputs, summaries, [s.seed for s in runs],
                 time.perf_counter() - t0)
 
