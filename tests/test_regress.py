@@ -115,9 +115,9 @@ def test_update_writes_readable_baseline(recorded):
     entry = doc["scenarios"]["sc/a.yaml"]  # keyed relative to the baseline file
     assert entry["batchsim_version"] == __version__
     assert entry["scenario_hash"].startswith("sha256:")
-    assert entry["seeds"] == [1, 2, 3, 4, 5]  # seed + 0 .. seed + DEFAULT_SEEDS - 1
+    assert entry["seeds"] == list(range(1, DEFAULT_SEEDS + 1))  # seed + 0 .. seed + DEFAULT_SEEDS - 1
     assert entry["metrics"]["p99_ttft_ms"] == [40.0] * DEFAULT_SEEDS  # one value per seed
-    assert '"p99_ttft_ms": [40.0, 40.0, 40.0, 40.0, 40.0],' in text  # one line per metric
+    assert f'"p99_ttft_ms": [{", ".join(["40.0"] * DEFAULT_SEEDS)}],' in text  # one line per metric
     assert entry["policy"] == "continuous" and entry["name"] == "fake"
 
 
@@ -174,15 +174,15 @@ def test_metrics_option_comma_and_repeat(recorded):
 def test_regression_names_scenario_metric_and_values(recorded):
     sc, base = recorded
     doc = json.loads(base.read_text())
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_ttft_ms"] = [30.0] * 5  # the baseline was faster
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_e2el_ms"] = [20.0] * 5  # ... and this much slower
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_ttft_ms"] = [30.0] * DEFAULT_SEEDS  # the baseline was faster
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_e2el_ms"] = [20.0] * DEFAULT_SEEDS  # ... and this much slower
     base.write_text(json.dumps(doc))
     rep = regress([sc], base, runner=fake_runner)
     assert rep.exit_code == 1
     [(s, d)] = rep.rows("regressed")
     assert (s.key, d.metric, d.baseline, d.current) == ("sc/a.yaml", "p99_ttft_ms", 30.0, 40.0)
     # the means, then the paired difference the decision used (item: not each side's own ±)
-    assert "p99_ttft_ms: 30 -> 40 (+33.3%): Δ +10 ± 0 (paired, 5 seeds), tolerance ±0.6" in d.describe()
+    assert f"p99_ttft_ms: 30 -> 40 (+33.3%): Δ +10 ± 0 (paired, {DEFAULT_SEEDS} seeds), tolerance ±0.6" in d.describe()
     [(_, imp)] = rep.rows("improved")
     assert imp.metric == "median_e2el_ms"
 
@@ -259,7 +259,7 @@ def test_junit_one_case_per_scenario_and_metric(recorded):
     other = write_scenario(sc.parent / "b.yaml", name="other")
     regress([other], base, update=True, runner=fake_runner)
     doc = json.loads(base.read_text())
-    doc["scenarios"]["sc/b.yaml"]["metrics"]["output_throughput"] = [150.0] * 5
+    doc["scenarios"]["sc/b.yaml"]["metrics"]["output_throughput"] = [150.0] * DEFAULT_SEEDS
     base.write_text(json.dumps(doc))
     rep = regress([sc, other], base, metrics=["p99_ttft_ms", "output_throughput", "completed"],
                   runner=fake_runner)
@@ -271,19 +271,19 @@ def test_junit_one_case_per_scenario_and_metric(recorded):
     failures = root.findall("./testsuite/testcase/failure")
     assert len(failures) == 1 == int(root.get("failures"))
     msg = failures[0].get("message")
-    assert "sc/b.yaml" in msg and "output_throughput: 150 -> 100 (-33.3%): Δ -50 ± 0 (paired, 5 seeds)" in msg
+    assert "sc/b.yaml" in msg and f"output_throughput: 150 -> 100 (-33.3%): Δ -50 ± 0 (paired, {DEFAULT_SEEDS} seeds)" in msg
 
 
 def test_markdown_summary(recorded):
     sc, base = recorded
     doc = json.loads(base.read_text())
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] = [30.0] * 5
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_ttft_ms"] = [20.0] * 5
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] = [30.0] * DEFAULT_SEEDS
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_ttft_ms"] = [20.0] * DEFAULT_SEEDS
     base.write_text(json.dumps(doc))
     md = to_markdown(regress([sc], base, runner=fake_runner))
     assert md.startswith("<!-- batchsim-regress -->\n## batchsim regress: :x: 1 failing metric")
     reg = md.split("### Regressions")[1].split("###")[0]
-    assert "| `sc/a.yaml` | `p99_tpot_ms` | 30 | 40 | +33.3% | +10 ± 0 (paired, 5 seeds) | ±0.6 | 0 |" in reg
+    assert f"| `sc/a.yaml` | `p99_tpot_ms` | 30 | 40 | +33.3% | +10 ± 0 (paired, {DEFAULT_SEEDS} seeds) | ±0.6 | 0 |" in reg
     assert "`median_ttft_ms`" in md.split("### Improvements")[1].split("<details>")[0]
     assert "--update" in md
 
@@ -466,7 +466,7 @@ def test_old_one_seed_baseline_is_read_with_a_note(tmp_path):
     assert any("holds one seed" in n and "--update" in n for n in rep.scenarios[0].notes)
     regress([sc], base, update=True, runner=fake_runner)  # --update writes the new format
     doc = json.loads(base.read_text())
-    assert doc["format"] == BASELINE_FORMAT and doc["scenarios"]["sc/a.yaml"]["seeds"] == [1, 2, 3, 4, 5]
+    assert doc["format"] == BASELINE_FORMAT and doc["scenarios"]["sc/a.yaml"]["seeds"] == list(range(1, DEFAULT_SEEDS + 1))
 
 
 def test_seeds_run_with_compare_rule_and_bad_seeds(recorded):
@@ -479,7 +479,7 @@ def test_seeds_run_with_compare_rule_and_bad_seeds(recorded):
 
     rep = regress([sc], base, runner=spy, seeds=3)
     assert seen == [1, 2, 3] and rep.seeds == 3
-    assert any("baseline seeds 1..5, this run 1..3" in n for n in rep.scenarios[0].notes)
+    assert any(f"baseline seeds 1..{DEFAULT_SEEDS}, this run 1..3" in n for n in rep.scenarios[0].notes)
     for bad in (0, -1, True, 2.5):
         with pytest.raises(InputError, match="--seeds"):
             regress([sc], base, runner=fake_runner, seeds=bad)
@@ -490,20 +490,20 @@ def test_junit_and_markdown_show_intervals(recorded):
     rep = regress([sc], base, runner=fake_runner, metrics=["p99_ttft_ms"])
     root = ET.fromstring(to_junit(rep))
     out = root.find("./testsuite/testcase/system-out").text
-    assert out.startswith("ok: p99_ttft_ms: 40 -> 40 (+0.0%): Δ +0 ± 0 (paired, 5 seeds), tolerance ±0.8")
-    assert root.find("./testsuite/properties/property[@name='seeds']").get("value") == "5"
+    assert out.startswith(f"ok: p99_ttft_ms: 40 -> 40 (+0.0%): Δ +0 ± 0 (paired, {DEFAULT_SEEDS} seeds), tolerance ±0.8")
+    assert root.find("./testsuite/properties/property[@name='seeds']").get("value") == str(DEFAULT_SEEDS)
     md = to_markdown(rep)
-    assert "Δ ± 95% CI (rule)" in md and "| 40 | 40 | +0.0% | +0 ± 0 (paired, 5 seeds) |" in md and "5 seeds" in md
+    assert "Δ ± 95% CI (rule)" in md and f"| 40 | 40 | +0.0% | +0 ± 0 (paired, {DEFAULT_SEEDS} seeds) |" in md and f"{DEFAULT_SEEDS} seeds" in md
 
 
 # ------------------------------------------------ baseline validation (bad values)
 
 
 @pytest.mark.parametrize("field, value, needle", [
-    ("metrics.p99_ttft_ms", "fast", "got 'fast'; expected a list of 5 numbers or nulls"),
+    ("metrics.p99_ttft_ms", "fast", f"got 'fast'; expected a list of {DEFAULT_SEEDS} numbers or nulls"),
     ("metrics.p99_ttft_ms", [True, False, True, False, True], "got [True, False, True, False, True]"),
-    ("metrics.p99_ttft_ms", [40.0, 40.0], "got [40.0, 40.0]; expected a list of 5 numbers"),
-    ("metrics.p99_ttft_ms", 40.0, "got 40.0; expected a list of 5"),
+    ("metrics.p99_ttft_ms", [40.0, 40.0], f"got [40.0, 40.0]; expected a list of {DEFAULT_SEEDS} numbers"),
+    ("metrics.p99_ttft_ms", 40.0, f"got 40.0; expected a list of {DEFAULT_SEEDS}"),
     ("metrics.completed", ["200"] * 5, "got ['200', '200', '200', '200', '200']"),
     ("seeds", "7..11", "got '7..11'; expected a list of distinct whole numbers"),
     ("seeds", [1, 1, 2, 3, 4], "expected a list of distinct whole numbers"),
@@ -529,10 +529,13 @@ def test_malformed_baseline_entry_is_an_input_error_naming_it(recorded, field, v
 
 def test_non_finite_baseline_value_is_an_input_error(recorded):
     sc, base = recorded
-    text = base.read_text().replace('"p99_ttft_ms": [40.0, 40.0, 40.0, 40.0, 40.0]',
-                                    '"p99_ttft_ms": [40.0, NaN, 40.0, 40.0, Infinity]')
+    values = ["40.0"] * DEFAULT_SEEDS
+    old = f'"p99_ttft_ms": [{", ".join(values)}]'
+    values[1], values[4] = "NaN", "Infinity"
+    assert old in base.read_text()
+    text = base.read_text().replace(old, f'"p99_ttft_ms": [{", ".join(values)}]')
     base.write_text(text)
-    with pytest.raises(InputError, match=r"metrics\.p99_ttft_ms: got \[40.0, nan, 40.0, 40.0, inf\]"):
+    with pytest.raises(InputError, match=r"metrics\.p99_ttft_ms: got \[40.0, nan, 40.0, 40.0, inf, 40.0"):
         load_baseline(base)
 
 
@@ -589,8 +592,8 @@ def test_engine_fallback_and_warnings_are_noted_and_in_junit(tmp_path):
     rep = regress([sc], base, runner=fallback)
     assert rep.exit_code == 0  # the numbers are the same: a note, not a failure
     notes = rep.scenarios[0].notes
-    assert f"engine: seeds 1..5 ran on the python engine (the baseline's: core): {why}" in notes
-    assert "run warning: 3 of 400 measured requests rejected (3 of 5 seeds)" in notes
+    assert f"engine: seeds 1..{DEFAULT_SEEDS} ran on the python engine (the baseline's: core): {why}" in notes
+    assert f"run warning: 3 of 400 measured requests rejected ({(DEFAULT_SEEDS + 1) // 2} of {DEFAULT_SEEDS} seeds)" in notes
     props = {p.get("name"): p.get("value") for p in ET.fromstring(to_junit(rep)).iter("property")}
     assert props["engine"] == "python (baseline: core)" and props["engine_reason"] == why
     assert f"ran on the python engine (the baseline's: core): {why}" in to_markdown(rep)
@@ -610,10 +613,10 @@ def test_provenance_and_reproducing_commands(recorded):
     s = rep.scenarios[0]
     prov = dict(s.provenance)
     assert prov["model"] == "llama-3-8b" and prov["hardware"] == "h100-sxm" and prov["engine"] == "core"
-    assert prov["policy"] == '{"max_num_seqs":32,"name":"continuous"}' and prov["run_seeds"] == "1,2,3,4,5"
+    assert prov["policy"] == '{"max_num_seqs":32,"name":"continuous"}' and prov["run_seeds"] == ",".join(map(str, range(1, DEFAULT_SEEDS + 1)))
     assert prov["batchsim_version"] == __version__
-    assert s.command == f"batchsim regress {sc} --baseline {base} --seeds 5 --rtol 0.05 --min-requests 100"
-    assert s.run_commands == tuple(f"batchsim run {sc} --set seed={i}" for i in range(1, 6))
+    assert s.command == f"batchsim regress {sc} --baseline {base} --seeds {DEFAULT_SEEDS} --rtol 0.05 --min-requests 100"
+    assert s.run_commands == tuple(f"batchsim run {sc} --set seed={i}" for i in range(1, DEFAULT_SEEDS + 1))
     props = {p.get("name"): p.get("value") for p in ET.fromstring(to_junit(rep)).iter("property")}
     assert props["reproduce"] == s.command and props["model"] == "llama-3-8b" and props["run_seed_4"].endswith("seed=5")
     md = to_markdown(rep)
@@ -638,7 +641,7 @@ def test_identical_or_only_within_tolerance(recorded):
     s = rep.scenarios[0]
     assert rep.exit_code == 0 and not s.identical
     assert any(n.startswith("not identical to the baseline entry: a re-record (--update) would change "
-                            "5 recorded value(s) (first: median_itl_ms at seed 1") for n in s.notes), s.notes
+                            f"{DEFAULT_SEEDS} recorded value(s) (first: median_itl_ms at seed 1") for n in s.notes), s.notes
     assert '"identical_to_baseline" value="false"' in to_junit(rep)
 
 

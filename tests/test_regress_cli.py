@@ -16,6 +16,7 @@ import pytest
 
 from tests.cli_helpers import run_cli
 
+from batchsim.app.regress import DEFAULT_SEEDS
 from batchsim.reports.regression import DEFAULT_METRICS
 
 SCENARIO = """\
@@ -95,7 +96,7 @@ def test_changed_policy_knob_exits_1_naming_scenario_metric_and_values(work, cap
     lines = [ln for ln in out.splitlines() if ln.startswith("REGRESSED s.yaml: p99_ttft_ms: ")]
     assert len(lines) == 1, out
     # the baseline's mean, then the paired difference the decision used, with its interval
-    assert f"p99_ttft_ms: {_fmt(base['p99_ttft_ms'])} -> " in lines[0] and "(paired, 5 seeds)" in lines[0]
+    assert f"p99_ttft_ms: {_fmt(base['p99_ttft_ms'])} -> " in lines[0] and f"(paired, {DEFAULT_SEEDS} seeds)" in lines[0]
     failures = ET.parse(work / "junit.xml").getroot().findall(".//failure")
     assert any("s.yaml: p99_ttft_ms:" in f.get("message") for f in failures)
 
@@ -149,7 +150,7 @@ def test_an_empty_measured_window_fails_the_gate(tmp_path, capsys, monkeypatch):
     (tmp_path / "s.yaml").write_text(SCENARIO + "measure: {warmup_s: 100000}\n")
     code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json", "--update")
     assert code == 0 and "accepted by --update: not evaluable in this run" in out, out
-    assert json.loads((tmp_path / "base.json").read_text())["scenarios"]["s.yaml"]["metrics"]["p99_ttft_ms"] == [None] * 5
+    assert json.loads((tmp_path / "base.json").read_text())["scenarios"]["s.yaml"]["metrics"]["p99_ttft_ms"] == [None] * DEFAULT_SEEDS
     code, out, _ = cli(capsys, monkeypatch, "regress", "s.yaml", "--baseline", "base.json")
     assert code == 1, out
     assert "SCENARIO s.yaml: not evaluable in this run: only 0 requests completed in the measured window" in out
@@ -239,7 +240,7 @@ def test_ten_percent_slower_cost_model_fails_on_ttft(quiet, monkeypatch):
     d = bad["median_ttft_ms"]
     assert d.rule == "paired t" and d.p_adj <= 0.05
     assert d.delta - d.delta_ci > d.tolerance  # (implied: the one-sided test at 0.05/13 is stricter)
-    assert f"Δ +{d.delta_text.split('+')[1]}" in d.describe() and "(paired, 5 seeds)" in d.describe()
+    assert f"Δ +{d.delta_text.split('+')[1]}" in d.describe() and f"(paired, {DEFAULT_SEEDS} seeds)" in d.describe()
 
 
 def test_seeds_option_is_recorded_and_checked(work, capsys, monkeypatch):
@@ -258,7 +259,7 @@ def test_cli_default_seeds_match_the_library():
     from batchsim.app.commands.regress import DEFAULT_SEEDS as cli_default
     from batchsim.app.regress import DEFAULT_SEEDS
 
-    assert cli_default == DEFAULT_SEEDS == 5
+    assert cli_default == DEFAULT_SEEDS == 10
 
 
 @pytest.mark.parametrize("policy, needle", [

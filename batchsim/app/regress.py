@@ -4,17 +4,21 @@ A *baseline* is a human-readable JSON file with one entry per pinned
 scenario, keyed by the scenario file's path relative to the baseline file
 (so the gate works from any working directory). An entry records the
 scenario's input hash, the batchsim version that recorded it, the seeds it
-ran and every numeric summary value, one per seed. :func:`regress`
-re-simulates each scenario with ``seeds`` seeds (``scenario.seed + 0 ..
-seeds - 1``, :func:`batchsim.app.compare.with_seed`; runs are deterministic,
-so unchanged code reproduces the baseline exactly) and compares the 95%
-intervals of the chosen metrics' means with
-:func:`batchsim.reports.regression.compare`: seed-to-seed noise neither
-fails a neutral change nor hides a real regression.
+ran, the engine that ran them and every numeric summary value, one per seed
+(validated on load: anything malformed is an InputError naming the file, the
+scenario key, the field and the value). :func:`regress` re-simulates each
+scenario with ``seeds`` seeds (``scenario.seed + 0 .. seeds - 1``,
+:func:`batchsim.app.compare.with_seed`; runs are deterministic, so unchanged code
+reproduces the baseline exactly), pairs them with the baseline's seeds where
+both hold them, and decides every metric of every scenario as one family
+(:func:`batchsim.reports.regression.measure` then ``decide``: one-sided paired
+t-tests against the tolerance, Holm over the whole run), so that a neutral
+change fails at most 5% of runs and a real regression is not hidden by the
+seed-to-seed noise.
 
 Old one-seed baselines (format ``batchsim-regress-baseline/1``, one value
-per metric) are still read: each value is one seed, an interval of zero
-width, and the gate adds a note asking for ``--update``.
+per metric) are still read: each value is the scenario's own seed, compared
+exactly with that seed of the run, and the gate adds a note asking for ``--update``.
 
 Mismatches are explained, never compared silently:
 
@@ -23,6 +27,10 @@ Mismatches are explained, never compared silently:
   information. ``--update`` accepts the new inputs.
 - the baseline was recorded by another batchsim version: a note; the values
   are compared anyway.
+- a seed ran on another engine than the baseline's, or with an ``engine_reason``
+  (the compiled core could not run the loaded rules): a note; the summaries'
+  warnings are notes too.
+- other seeds than the baseline's: paired on the seeds both hold, with a note.
 - no entry for a scenario: a failure until ``--update`` records it.
 - a run or a baseline entry with fewer than ``min_requests`` completed
   requests in its measured window (default
@@ -59,10 +67,13 @@ __all__ = ["BASELINE_FORMAT", "DEFAULT_SEEDS", "Runner", "scenario_key", "scenar
 BASELINE_FORMAT = "batchsim-regress-baseline/2"
 _OLD_FORMATS = ("batchsim-regress-baseline/1",)  # one value per metric: one seed
 
-DEFAULT_SEEDS = 5
-"""Seeds per scenario: 4 degrees of freedom make a usable t-interval (t = 2.78;
-at 3 seeds it is 4.30, so wide that only large moves show), and the shipped
-baselines still simulate in a few seconds. See docs/regression-gate.md."""
+DEFAULT_SEEDS = 10
+"""Seeds per scenario. Every check of a run is one Holm family (65 on the shipped
+baselines), so each p-value must be small: at 5 seeds (4 degrees of freedom) a
+rule edit whose effect varies from seed to seed, as latencies at the knee do, went
+unseen on a single scenario (tests/test_rules_once.py's admission edit on
+continuous.yaml); at 10 it is caught, false alarms stay at 0 of 20 neutral offsets,
+and the shipped baselines simulate in about 3 s. See docs/regression-gate.md."""
 
 Runner = Callable[[Scenario, Path], dict]
 """Runs one scenario (one seed) and returns its summary dict (injectable for tests)."""

@@ -15,7 +15,7 @@ import typer
 
 from batchsim.sim.measure import MIN_REQUESTS
 
-DEFAULT_SEEDS = 5  # NOTE: batchsim.app.regress.DEFAULT_SEEDS (not imported here: the CLI loads lazily)
+DEFAULT_SEEDS = 10  # NOTE: batchsim.app.regress.DEFAULT_SEEDS (not imported here: the CLI loads lazily)
 
 __all__ = ["register", "regress_command"]
 
