@@ -10,7 +10,9 @@ the gate `make test` runs), at the gate's defaults:
   FLOP/s / 1.1, as tests/test_regress_cli.py does), (b) vLLM's preemption victim rule edited
   in place to take the *first* admitted sequence (batchsim/policies/ordering.py, which also
   makes every run fall back to the SimPy engine), (c) the continuous recipe edited in place
-  to decode first (batchsim/policies/continuous.py, as tests/test_rules_once.py does).
+  to decode first (batchsim/policies/continuous.py), (d) the step builder's admission edited to
+  admit at most one prompt per step (batchsim/policies/step.py); (c) and (d) are the in-place
+  edits of tests/test_rules_once.py.
 
 Each real change runs in a copy of the tree (the edits never touch this checkout).
 
@@ -38,6 +40,9 @@ _EDITS = {
                "    return running[-1]\n",
                '    """vLLM\'s preemption victim: the most recently admitted (last in admission order)."""\n'
                "    return running[0]\n"),
+    "one_prompt": ("batchsim/policies/step.py",
+                   "            if self.slots < 1 or self.budget < 1:\n                return\n",
+                   "            if self.slots < 1 or self.budget < 1 or self.num_tokens:\n                return\n"),
     "decode_first": ("batchsim/policies/continuous.py",
                      '"separate": (Move("admit"), Move("decodes", unless=("rows",))),',
                      '"separate": (Move("decodes"), Move("admit", unless=("rows",))),'),
@@ -129,13 +134,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--offsets", default="50:500:50", help="first:last:step seed offsets of the neutral change")
     ap.add_argument("--skip-edits", action="store_true", help="only the neutral offsets and the slower cost model")
+    ap.add_argument("--only-edits", action="store_true", help="only the in-place rule edits")
     a = ap.parse_args()
-    first, last, step = map(int, a.offsets.split(":"))
-    neutral(list(range(first, last + 1, step)))
-    slower()
+    if not a.only_edits:
+        first, last, step = map(int, a.offsets.split(":"))
+        neutral(list(range(first, last + 1, step)))
+        slower()
     if not a.skip_edits:
         edited("(b) preemption victim: first admitted (ordering.py)", "victim")
         edited("(c) continuous recipe: decodes first (continuous.py)", "decode_first")
+        edited("(d) admission: at most one prompt per step (step.py)", "one_prompt")
 
 
 if __name__ == "__main__":
