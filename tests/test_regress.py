@@ -75,9 +75,20 @@ def recorded(tmp_path):
     ("num_steps", 500, 520, "changed"),            # no direction: any change beyond tolerance
 ])
 def test_compare_directions(metric, base, cur, status):
+    """One value a side, the same seed (paired): its difference is compared exactly."""
     rtol = 0.0 if metric == "completed" else 0.02
-    (d,) = compare({metric: base}, {metric: cur}, [metric], rtol)
+    (d,) = compare({metric: base}, {metric: cur}, [metric], rtol, paired=True)
     assert d.status == status, d.describe()
+    assert d.rule == "exact" and "exact, 1 shared seed" in d.describe()
+
+
+def test_one_unpaired_seed_has_no_interval():
+    """One seed on a side and none shared: not an interval of zero width (which made a 5-seed
+    mean against one seed's value fail on noise), but not evaluable, a failure."""
+    for base, cur in ((100.0, [100, 101, 99, 100.5, 99.5]), ([100, 101, 99], 100.0)):
+        (d,) = compare({"p99_ttft_ms": base}, {"p99_ttft_ms": cur}, ["p99_ttft_ms"], 0.02)
+        assert d.status == "not evaluable" and d.failed, d.describe()
+        assert "single seed" in d.describe() and "no interval" in d.describe()
 
 
 def test_compare_missing_and_unavailable():
@@ -104,9 +115,9 @@ def test_update_writes_readable_baseline(recorded):
     entry = doc["scenarios"]["sc/a.yaml"]  # keyed relative to the baseline file
     assert entry["batchsim_version"] == __version__
     assert entry["scenario_hash"].startswith("sha256:")
-    assert entry["seeds"] == [1, 2, 3, 4, 5]  # seed + 0 .. seed + DEFAULT_SEEDS - 1
+    assert entry["seeds"] == list(range(1, DEFAULT_SEEDS + 1))  # seed + 0 .. seed + DEFAULT_SEEDS - 1
     assert entry["metrics"]["p99_ttft_ms"] == [40.0] * DEFAULT_SEEDS  # one value per seed
-    assert '"p99_ttft_ms": [40.0, 40.0, 40.0, 40.0, 40.0],' in text  # one line per metric
+    assert f'"p99_ttft_ms": [{", ".join(["40.0"] * DEFAULT_SEEDS)}],' in text  # one line per metric
     assert entry["policy"] == "continuous" and entry["name"] == "fake"
 
 
@@ -163,14 +174,15 @@ def test_metrics_option_comma_and_repeat(recorded):
 def test_regression_names_scenario_metric_and_values(recorded):
     sc, base = recorded
     doc = json.loads(base.read_text())
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_ttft_ms"] = 30.0  # the baseline was faster
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_e2el_ms"] = 20.0  # ... and this much slower
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_ttft_ms"] = [30.0] * DEFAULT_SEEDS  # the baseline was faster
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_e2el_ms"] = [20.0] * DEFAULT_SEEDS  # ... and this much slower
     base.write_text(json.dumps(doc))
     rep = regress([sc], base, runner=fake_runner)
     assert rep.exit_code == 1
     [(s, d)] = rep.rows("regressed")
     assert (s.key, d.metric, d.baseline, d.current) == ("sc/a.yaml", "p99_ttft_ms", 30.0, 40.0)
-    assert "p99_ttft_ms: 30 -> 40 ± 0 (+33.3%" in d.describe()  # a hand-set value reads as one seed
+    # the means, then the paired difference the decision used (item: not each side's own ±)
+    assert f"p99_ttft_ms: 30 -> 40 (+33.3%): Δ +10 ± 0 (paired, {DEFAULT_SEEDS} seeds), tolerance ±0.6" in d.describe()
     [(_, imp)] = rep.rows("improved")
     assert imp.metric == "median_e2el_ms"
 
@@ -247,7 +259,7 @@ def test_junit_one_case_per_scenario_and_metric(recorded):
     other = write_scenario(sc.parent / "b.yaml", name="other")
     regress([other], base, update=True, runner=fake_runner)
     doc = json.loads(base.read_text())
-    doc["scenarios"]["sc/b.yaml"]["metrics"]["output_throughput"] = 150.0
+    doc["scenarios"]["sc/b.yaml"]["metrics"]["output_throughput"] = [150.0] * DEFAULT_SEEDS
     base.write_text(json.dumps(doc))
     rep = regress([sc, other], base, metrics=["p99_ttft_ms", "output_throughput", "completed"],
                   runner=fake_runner)
@@ -259,19 +271,19 @@ def test_junit_one_case_per_scenario_and_metric(recorded):
     failures = root.findall("./testsuite/testcase/failure")
     assert len(failures) == 1 == int(root.get("failures"))
     msg = failures[0].get("message")
-    assert "sc/b.yaml" in msg and "output_throughput: 150 -> 100 ± 0 (-33.3%" in msg  # one seed -> 5 seeds
+    assert "sc/b.yaml" in msg and f"output_throughput: 150 -> 100 (-33.3%): Δ -50 ± 0 (paired, {DEFAULT_SEEDS} seeds)" in msg
 
 
 def test_markdown_summary(recorded):
     sc, base = recorded
     doc = json.loads(base.read_text())
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] = 30.0
-    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_ttft_ms"] = 20.0
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["p99_tpot_ms"] = [30.0] * DEFAULT_SEEDS
+    doc["scenarios"]["sc/a.yaml"]["metrics"]["median_ttft_ms"] = [20.0] * DEFAULT_SEEDS
     base.write_text(json.dumps(doc))
     md = to_markdown(regress([sc], base, runner=fake_runner))
     assert md.startswith("<!-- batchsim-regress -->\n## batchsim regress: :x: 1 failing metric")
     reg = md.split("### Regressions")[1].split("###")[0]
-    assert "| `sc/a.yaml` | `p99_tpot_ms` | 30 | 40 ± 0 | +33.3% |" in reg
+    assert f"| `sc/a.yaml` | `p99_tpot_ms` | 30 | 40 | +33.3% | +10 ± 0 (paired, {DEFAULT_SEEDS} seeds) | ±0.6 | 0 |" in reg
     assert "`median_ttft_ms`" in md.split("### Improvements")[1].split("<details>")[0]
     assert "--update" in md
 
@@ -381,28 +393,61 @@ def test_a_null_gated_metric_recorded_in_the_baseline_fails(tmp_path):
     ([100, 101, 99, 100.5, 99.5], [110, 111, 109, 110.5, 109.5], "regressed"),  # +10%, tight
     ([100, 120, 80, 110, 90], [110, 130, 90, 120, 100], "ok"),        # +10% inside the noise
     ([100, 101, 99, 100.5, 99.5], [90, 91, 89, 90.5, 89.5], "improved"),
-    (100.0, [100, 101, 99, 100.5, 99.5], "ok"),                       # old one-seed baseline: zero width
-    (100.0, [110, 111, 109, 110.5, 109.5], "regressed"),
 ])
 def test_compare_intervals(base, cur, status):
+    """No shared seeds (unpaired): Welch's t-test of the two means, and each side's interval shown."""
     (d,) = compare({"p99_ttft_ms": base}, {"p99_ttft_ms": cur}, ["p99_ttft_ms"], 0.02)
     assert d.status == status, d.describe()
-    assert d.current_n == 5 and d.current_ci > 0 and (d.baseline_ci > 0) == isinstance(base, list)
+    assert d.current_n == 5 and d.current_ci > 0 and d.baseline_ci > 0 and d.rule == "Welch t"
+    assert "(unpaired (Welch), 5 and 5 seeds)" in d.describe() and d.describe().count(" ± ") == 3
 
 
-def test_interval_rule_is_beyond_the_baseline_interval_by_the_tolerance():
-    base = [100.0, 102.0, 98.0]
-    from batchsim.reports.stats import mean_ci
+@pytest.mark.parametrize("metric, sign", [("median_ttft_ms", 1), ("output_throughput", -1)])
+def test_paired_rule_is_a_one_sided_t_test_beyond_the_tolerance(metric, sign):
+    """Paired: the p-value of "the mean difference lies beyond the tolerance the worse way"
+    (Student's t on the seed-by-seed differences), regressed when it is at most 5%."""
+    import math
+    import statistics
 
-    b, b_ci = mean_ci(base)
-    for gap, status in ((0.99, "ok"), (1.01, "regressed")):
-        # a zero-width new interval at base_hi + gap x tol
-        cur = b + b_ci + gap * 0.02 * b
-        (d,) = compare({"median_ttft_ms": base}, {"median_ttft_ms": [cur, cur]}, ["median_ttft_ms"], 0.02)
-        assert d.status == status, d.describe()
-    (d,) = compare({"output_throughput": base}, {"output_throughput": [b - b_ci - 3.0] * 2},
-                   ["output_throughput"], 0.02)
-    assert d.status == "regressed"  # higher is better: the mirror image
+    from batchsim.reports.stats import t_sf
+
+    base = [100.0, 102.0, 98.0, 101.0, 99.0]
+    tol = 0.02 * 100.0
+    for shift in (2.5, 4.0, 6.0):
+        d_s = [sign * (shift + e) for e in (0.5, -0.5, 1.0, -1.0, 0.0)]
+        cur = [b + x for b, x in zip(base, d_s)]
+        (d,) = compare({metric: base}, {metric: cur}, [metric], 0.02, paired=True)
+        se = statistics.stdev(d_s) / math.sqrt(5)
+        p = t_sf((shift - tol) / se, 4)
+        assert d.p_worse == pytest.approx(p) and d.p_adj == pytest.approx(p)  # a family of one
+        assert d.status == ("regressed" if p <= 0.05 else "ok"), (shift, p, d.describe())
+    assert [compare({metric: base}, {metric: [b + sign * s for b in base]}, [metric], 0.02, paired=True)[0].status
+            for s in (0.99 * tol, 1.01 * tol)] == ["ok", "regressed"]  # no spread: exactly beyond or not
+
+
+def test_holm_controls_the_family_not_each_check():
+    """Twenty checks each at p = 0.01: one alone would fail, but not as one of twenty (Holm
+    needs 0.05 / 20 = 0.0025 for the smallest); one very small p-value still fails."""
+    from batchsim.reports.regression import decide, measure
+    from batchsim.reports.stats import t_sf
+
+    base = [100.0, 102.0, 98.0, 101.0, 99.0]
+    noise = (0.5, -0.5, 1.0, -1.0, 0.0)
+    import math
+    import statistics
+
+    se = statistics.stdev(noise) / math.sqrt(5)
+    shift = 2.0 + 3.747 * se  # t(0.99, 4) = 3.747: a one-sided p of about 0.01
+    cur = [b + shift + e for b, e in zip(base, noise)]
+    groups = [measure({"median_ttft_ms": base}, {"median_ttft_ms": cur}, ["median_ttft_ms"], 0.02, paired=True)
+              for _ in range(20)]
+    assert groups[0][0].p_worse == pytest.approx(t_sf(3.747, 4)) and 0.009 < groups[0][0].p_worse < 0.011
+    assert decide(groups[:1])[0][0].status == "regressed"
+    assert {g[0].status for g in decide(groups)} == {"ok"}
+    strong = measure({"median_ttft_ms": base}, {"median_ttft_ms": [b + 20 + e for b, e in zip(base, noise)]},
+                     ["median_ttft_ms"], 0.02, paired=True)
+    decided = decide(groups + [strong])
+    assert decided[-1][0].status == "regressed" and {g[0].status for g in decided[:-1]} == {"ok"}
 
 
 def test_old_one_seed_baseline_is_read_with_a_note(tmp_path):
@@ -421,7 +466,7 @@ def test_old_one_seed_baseline_is_read_with_a_note(tmp_path):
     assert any("holds one seed" in n and "--update" in n for n in rep.scenarios[0].notes)
     regress([sc], base, update=True, runner=fake_runner)  # --update writes the new format
     doc = json.loads(base.read_text())
-    assert doc["format"] == BASELINE_FORMAT and doc["scenarios"]["sc/a.yaml"]["seeds"] == [1, 2, 3, 4, 5]
+    assert doc["format"] == BASELINE_FORMAT and doc["scenarios"]["sc/a.yaml"]["seeds"] == list(range(1, DEFAULT_SEEDS + 1))
 
 
 def test_seeds_run_with_compare_rule_and_bad_seeds(recorded):
@@ -434,7 +479,7 @@ def test_seeds_run_with_compare_rule_and_bad_seeds(recorded):
 
     rep = regress([sc], base, runner=spy, seeds=3)
     assert seen == [1, 2, 3] and rep.seeds == 3
-    assert any("baseline seeds 1..5, this run 1..3" in n for n in rep.scenarios[0].notes)
+    assert any(f"baseline seeds 1..{DEFAULT_SEEDS}, this run 1..3" in n for n in rep.scenarios[0].notes)
     for bad in (0, -1, True, 2.5):
         with pytest.raises(InputError, match="--seeds"):
             regress([sc], base, runner=fake_runner, seeds=bad)
@@ -445,7 +490,210 @@ def test_junit_and_markdown_show_intervals(recorded):
     rep = regress([sc], base, runner=fake_runner, metrics=["p99_ttft_ms"])
     root = ET.fromstring(to_junit(rep))
     out = root.find("./testsuite/testcase/system-out").text
-    assert out.startswith("ok: p99_ttft_ms: 40 ± 0 -> 40 ± 0 (")
-    assert root.find("./testsuite/properties/property[@name='seeds']").get("value") == "5"
+    assert out.startswith(f"ok: p99_ttft_ms: 40 -> 40 (+0.0%): Δ +0 ± 0 (paired, {DEFAULT_SEEDS} seeds), tolerance ±0.8")
+    assert root.find("./testsuite/properties/property[@name='seeds']").get("value") == str(DEFAULT_SEEDS)
     md = to_markdown(rep)
-    assert "baseline (mean ± 95% CI)" in md and "| 40 ± 0 | 40 ± 0 |" in md and "5 seeds" in md
+    assert "Δ ± 95% CI (rule)" in md and f"| 40 | 40 | +0.0% | +0 ± 0 (paired, {DEFAULT_SEEDS} seeds) |" in md and f"{DEFAULT_SEEDS} seeds" in md
+
+
+# ------------------------------------------------ baseline validation (bad values)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("metrics.p99_ttft_ms", "fast", f"got 'fast'; expected a list of {DEFAULT_SEEDS} numbers or nulls"),
+    ("metrics.p99_ttft_ms", [True, False, True, False, True], "got [True, False, True, False, True]"),
+    ("metrics.p99_ttft_ms", [40.0, 40.0], f"got [40.0, 40.0]; expected a list of {DEFAULT_SEEDS} numbers"),
+    ("metrics.p99_ttft_ms", 40.0, f"got 40.0; expected a list of {DEFAULT_SEEDS}"),
+    ("metrics.completed", ["200"] * 5, "got ['200', '200', '200', '200', '200']"),
+    ("seeds", "7..11", "got '7..11'; expected a list of distinct whole numbers"),
+    ("seeds", [1, 1, 2, 3, 4], "expected a list of distinct whole numbers"),
+    ("scenario_hash", 5, "got 5; expected a string"),
+    ("inputs", [], "expected a mapping of input labels to hashes"),
+    ("engine", 3, "got 3; expected the engine name"),
+])
+def test_malformed_baseline_entry_is_an_input_error_naming_it(recorded, field, value, needle):
+    """Each of these read as 'not in the baseline' (exit 1), 'old format', or silently unpaired or
+    unchecked: now an InputError naming the file, the scenario key, the field and the value."""
+    sc, base = recorded
+    doc = json.loads(base.read_text())
+    entry = doc["scenarios"]["sc/a.yaml"]
+    *parents, last = field.split(".")
+    for k in parents:
+        entry = entry[k]
+    entry[last] = value
+    base.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as e:
+        regress([sc], base, runner=fake_runner)
+    assert e.value.where == f'{base}: scenarios["sc/a.yaml"].{field}' and needle in e.value.message, str(e.value)
+
+
+def test_non_finite_baseline_value_is_an_input_error(recorded):
+    sc, base = recorded
+    values = ["40.0"] * DEFAULT_SEEDS
+    old = f'"p99_ttft_ms": [{", ".join(values)}]'
+    values[1], values[4] = "NaN", "Infinity"
+    assert old in base.read_text()
+    text = base.read_text().replace(old, f'"p99_ttft_ms": [{", ".join(values)}]')
+    base.write_text(text)
+    with pytest.raises(InputError, match=r"metrics\.p99_ttft_ms: got \[40.0, nan, 40.0, 40.0, inf, 40.0"):
+        load_baseline(base)
+
+
+# ------------------------------------------------ --metrics and --rtol values
+
+
+def summary_runner(scenario, base_dir) -> dict:
+    """The fake summary with the non-metric keys a real one has."""
+    return {**fake_runner(scenario, base_dir), "warnings": [], "rejected_by_reason": {}, "engine": "core",
+            "engine_reason": None, "provenance": {"model": "m"}}
+
+
+@pytest.mark.parametrize("metrics", [["policy"], ["warnings"], ["provenance"], ["rejected_by_reason"],
+                                     ["engine_reason"], ["p99_ttft_ms,engine"]])
+def test_non_numeric_metrics_are_refused(recorded, metrics):
+    sc, base = recorded
+    with pytest.raises(InputError, match="not a numeric summary key") as e:
+        regress([sc], base, metrics=metrics, runner=summary_runner)
+    assert e.value.where == "--metrics"
+
+
+@pytest.mark.parametrize("metrics", [[","], [" , "], ["", ","]])
+def test_metrics_naming_nothing_is_refused(recorded, metrics):
+    sc, base = recorded
+    with pytest.raises(InputError, match="expected summary keys") as e:
+        regress([sc], base, metrics=metrics, runner=fake_runner)
+    assert e.value.where == "--metrics"
+
+
+@pytest.mark.parametrize("rtol", [float("inf"), float("nan"), 1e400, -0.1])
+def test_rtol_must_be_finite_and_not_negative(recorded, rtol):
+    sc, base = recorded
+    with pytest.raises(InputError, match="expected a finite number >= 0") as e:
+        regress([sc], base, rtol=rtol, runner=fake_runner)
+    assert e.value.where == "--rtol"
+
+
+# ------------------------------------------------ engines, warnings, provenance
+
+
+def test_engine_fallback_and_warnings_are_noted_and_in_junit(tmp_path):
+    """A rule edit that sends the runs to the SimPy engine was not mentioned anywhere."""
+    (tmp_path / "sc").mkdir()
+    sc = write_scenario(tmp_path / "sc" / "a.yaml")
+    base = tmp_path / "base.json"
+    regress([sc], base, update=True, runner=summary_runner)
+    assert json.loads(base.read_text())["scenarios"]["sc/a.yaml"]["engine"] == "core"
+    why = "the loaded rules differ from those the compiled core implements (x.y)"
+
+    def fallback(scenario, base_dir):
+        warn = ["3 of 400 measured requests rejected"] if scenario.seed % 2 else []
+        return {**summary_runner(scenario, base_dir), "engine": "python", "engine_reason": why, "warnings": warn}
+
+    rep = regress([sc], base, runner=fallback)
+    assert rep.exit_code == 0  # the numbers are the same: a note, not a failure
+    notes = rep.scenarios[0].notes
+    assert f"engine: seeds 1..{DEFAULT_SEEDS} ran on the python engine (the baseline's: core): {why}" in notes
+    assert f"run warning: 3 of 400 measured requests rejected ({(DEFAULT_SEEDS + 1) // 2} of {DEFAULT_SEEDS} seeds)" in notes
+    props = {p.get("name"): p.get("value") for p in ET.fromstring(to_junit(rep)).iter("property")}
+    assert props["engine"] == "python (baseline: core)" and props["engine_reason"] == why
+    assert f"ran on the python engine (the baseline's: core): {why}" in to_markdown(rep)
+    rep = regress([sc], base, runner=summary_runner)
+    assert not [n for n in rep.scenarios[0].notes if n.startswith("engine")]
+
+
+def test_provenance_and_reproducing_commands(recorded):
+    sc, base = recorded
+
+    def with_provenance(scenario, base_dir):
+        return {**summary_runner(scenario, base_dir),
+                "provenance": {"model": "llama-3-8b", "hardware": "h100-sxm", "tensor_parallel_size": 1,
+                               "dtype": "bf16", "policy": {"name": "continuous", "max_num_seqs": 32}}}
+
+    rep = regress([sc], base, runner=with_provenance, rtol=0.05)
+    s = rep.scenarios[0]
+    prov = dict(s.provenance)
+    assert prov["model"] == "llama-3-8b" and prov["hardware"] == "h100-sxm" and prov["engine"] == "core"
+    assert prov["policy"] == '{"max_num_seqs":32,"name":"continuous"}' and prov["run_seeds"] == ",".join(map(str, range(1, DEFAULT_SEEDS + 1)))
+    assert prov["batchsim_version"] == __version__
+    assert s.command == f"batchsim regress {sc} --baseline {base} --seeds {DEFAULT_SEEDS} --rtol 0.05 --min-requests 100"
+    assert s.run_commands == tuple(f"batchsim run {sc} --set seed={i}" for i in range(1, DEFAULT_SEEDS + 1))
+    props = {p.get("name"): p.get("value") for p in ET.fromstring(to_junit(rep)).iter("property")}
+    assert props["reproduce"] == s.command and props["model"] == "llama-3-8b" and props["run_seed_4"].endswith("seed=5")
+    md = to_markdown(rep)
+    assert f"reproduce: `{s.command}`" in md and "model llama-3-8b, hardware h100-sxm" in md
+
+
+# ------------------------------------------------ identical re-records
+
+
+def test_identical_or_only_within_tolerance(recorded):
+    """'ok' within tolerance is not 'identical': a re-record that would change the baseline file
+    (the last bits of a sum) is reported, so a stale baseline does not go unnoticed."""
+    sc, base = recorded
+    rep = regress([sc], base, runner=fake_runner)
+    assert rep.scenarios[0].identical and not [n for n in rep.scenarios[0].notes if "identical" in n]
+
+    def last_bits(scenario, base_dir):
+        s = fake_runner(scenario, base_dir)
+        return {**s, "median_itl_ms": s["median_itl_ms"] * (1 + 2e-16)}
+
+    rep = regress([sc], base, runner=last_bits)
+    s = rep.scenarios[0]
+    assert rep.exit_code == 0 and not s.identical
+    assert any(n.startswith("not identical to the baseline entry: a re-record (--update) would change "
+                            f"{DEFAULT_SEEDS} recorded value(s) (first: median_itl_ms at seed 1") for n in s.notes), s.notes
+    assert '"identical_to_baseline" value="false"' in to_junit(rep)
+
+
+@pytest.mark.slow
+def test_shipped_baseline_is_what_a_re_record_gives():
+    """The committed baselines/baseline.json equals a fresh --update at this commit, byte for byte
+    (it drifted by 15 last-digit values when sums changed order, unnoticed: 'within tolerance')."""
+    import glob
+
+    from batchsim.app.regress import baseline_text
+
+    b = ROOT / "baselines" / "baseline.json"
+    rep = regress(sorted(glob.glob(str(ROOT / "baselines" / "*.yaml"))), b, update=True, write=False)
+    assert [s.key for s in rep.scenarios if not s.identical] == [], [n for s in rep.scenarios for n in s.notes]
+    assert rep.baseline_text == b.read_text()
+    assert baseline_text(load_baseline(b)) == b.read_text()
+
+
+# ------------------------------------------------ seeds the two sides share
+
+
+def test_a_one_seed_baseline_is_compared_on_its_seed(tmp_path):
+    """A 1-seed baseline against a 5-seed run: the one seed both hold, compared exactly (the
+    example CI workflow's case: it failed on unchanged code when the 5-seed interval met a
+    zero-width one)."""
+    (tmp_path / "sc").mkdir()
+    sc = write_scenario(tmp_path / "sc" / "a.yaml")
+    base = tmp_path / "base.json"
+    regress([sc], base, update=True, runner=fake_runner, seeds=1)
+
+    def noisy(scenario, base_dir):  # the same value at seed 1, noise at the others
+        s = fake_runner(scenario, base_dir)
+        return {**s, "p99_ttft_ms": s["p99_ttft_ms"] + 10.0 * (scenario.seed - 1) * (-1) ** scenario.seed}
+
+    rep = regress([sc], base, runner=noisy)
+    assert rep.exit_code == 0, [d.describe() for d in rep.scenarios[0].diffs]
+    assert any("compared on the one seed both hold (1), exactly" in n for n in rep.scenarios[0].notes)
+    (d,) = [d for d in rep.scenarios[0].diffs if d.metric == "p99_ttft_ms"]
+    assert d.rule == "exact" and d.delta == 0.0
+    rep = regress([sc], base, runner=fake_runner, seeds=3)
+    assert rep.exit_code == 0
+
+
+def test_no_shared_seed_with_a_one_seed_side_is_not_evaluable(tmp_path):
+    (tmp_path / "sc").mkdir()
+    sc = write_scenario(tmp_path / "sc" / "a.yaml")
+    base = tmp_path / "base.json"
+    regress([sc], base, update=True, runner=fake_runner, seeds=1)
+    write_scenario(sc, seed=9)
+    doc = json.loads(base.read_text())  # (same inputs but the seed: keep the hash out of the way)
+    rep = regress([sc], base, runner=fake_runner)
+    assert rep.exit_code == 1
+    assert any("no seed shared and a side holds a single seed" in n for n in rep.scenarios[0].notes)
+    assert {d.status for d in rep.scenarios[0].diffs} == {"not evaluable"}
+    assert doc  # the entry was read, not rejected

@@ -59,20 +59,6 @@ def _load(scenario: Path | None, policy: str | None, overrides: list[str] | None
     return load_with_policy(path, policy, overrides or []), Path(path).resolve().parent
 
 
-def _naming_file(scenario: Path | None, fn, *args):
-    """``fn(*args)``; an InputError about a scenario field (``policy.max_num_seqs``,
-    ``router``) raised while building or running gets the scenario file in front."""
-    from batchsim.app.config import Scenario
-
-    try:
-        return fn(*args)
-    except InputError as e:
-        head = (e.where or "").split(".")[0]
-        if scenario is None or head not in Scenario.model_fields:
-            raise
-        raise InputError(e.message, f"{scenario}: {e.where}") from None
-
-
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
@@ -86,6 +72,7 @@ def run(
 ) -> None:
     """Run one simulation: print a summary, write summary.json, requests and steps (CSV or Parquet)."""
     from batchsim import policies
+    from batchsim.app.config import naming_file
     from batchsim.app.runner import STEP_MODES, run_to_folder
     from batchsim.app.summary_table import deployment_label, summary_table
     from batchsim.sim.io import FORMATS, require_folder
@@ -101,9 +88,9 @@ def run(
     # the command that reproduces this summary (the scenario file, the policy swap, the overrides)
     command = shlex.join(["batchsim", "run", str(scenario), *(["--policy", policy] if policy else []),
                           *[a for s in (set_ or []) for a in ("--set", s)]])
-    name = _naming_file(scenario, policies.create_policy, sc.policy).name
+    name = naming_file(scenario, policies.create_policy, sc.policy).name
     dest = out or Path("runs") / f"{sc.name}-{name}"
-    result, written = _naming_file(scenario, run_to_folder, sc, dest, base, fmt, command, steps, timeline_s)
+    result, written = naming_file(scenario, run_to_folder, sc, dest, base, fmt, command, steps, timeline_s)
     if as_json:
         typer.echo(json.dumps(result.summary, indent=2))
     else:

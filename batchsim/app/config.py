@@ -23,7 +23,7 @@ from batchsim.sim.errors import InputError
 from batchsim.sim.safe_yaml import DuplicateKeyError, load_yaml
 from batchsim.workloads.config import NoBoolNumbers, WorkloadConfig
 
-__all__ = ["Scenario", "DisaggregationConfig", "PoolConfig", "LinkConfig", "SLOConfig", "MeasureConfig", "VLLM_BLOCK_SIZES", "load_scenario", "scenario_from_dict",
+__all__ = ["Scenario", "naming_file", "DisaggregationConfig", "PoolConfig", "LinkConfig", "SLOConfig", "MeasureConfig", "VLLM_BLOCK_SIZES", "load_scenario", "scenario_from_dict",
            "apply_overrides", "format_validation_error", "short_repr"]
 
 
@@ -416,3 +416,16 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise InputError(f"expected a mapping of scenario fields, got {type(data).__name__}", str(p))
     data = apply_overrides(data, list(overrides or []))
     return scenario_from_dict(data, str(p))
+
+
+def naming_file(scenario: str | Path | None, fn, *args):
+    """``fn(*args)``; an InputError about a scenario field (``policy.max_num_seqs``,
+    ``router``) raised while building or running gets the scenario file in front
+    (what ``batchsim run`` and ``batchsim regress`` print for a bad field)."""
+    try:
+        return fn(*args)
+    except InputError as e:
+        head = (e.where or "").split(".")[0]
+        if scenario is None or head not in Scenario.model_fields:
+            raise
+        raise InputError(e.message, f"{scenario}: {e.where}") from None

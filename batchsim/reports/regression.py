@@ -11,30 +11,34 @@ better lower, throughputs, goodput and ``completed`` are better higher; a
 metric with no natural direction (``num_steps``, ``busy_fraction``) is
 ``either``: any change beyond tolerance fails.
 
-Each side holds one value per seed. The verdict compares 95% t-intervals
-for the two means (:func:`batchsim.reports.stats.mean_ci`, the one compare's
-``*_ci95`` columns use): with ``tol = max(rtol * |baseline mean|, atol)``, a
-lower-is-better metric *regresses* when the new interval's lower bound lies
-above the baseline interval's upper bound by more than ``tol``
-(``new_lo > base_hi + tol``), and *improves* when its upper bound lies below
-the baseline's lower bound by more than ``tol``; higher-is-better is the
-mirror image; otherwise it is ``ok``. One value on a side (``--seeds 1``, or
-an old one-seed baseline) is an interval of zero width. ``rtol`` is the
-user's knob, ``atol`` a per-metric floor so that values near zero (0
-rejected requests, an idle system's ITL) do not flap.
+Each side holds one value per seed. With ``tol = max(rtol * |baseline mean|, atol)``
+(``rtol`` the user's knob, ``atol`` a per-metric floor so that values near zero do
+not flap), each metric asks "did it move beyond ``tol`` the worse way?":
+
+- the same seeds on both sides (common random numbers, the default): a one-sided
+  paired t-test of the seed-by-seed differences against ``tol``;
+- no shared seed: Welch's t-test of the two means (weaker);
+- one shared seed: that seed's difference, exactly (no interval; a deterministic check);
+- a single seed on a side and none shared: not evaluable (no interval), a failure.
+
+The p-values of every statistical check of one ``batchsim regress`` run form one family,
+decided by Holm's step-down procedure at ``ALPHA`` (:func:`decide`): a run in which
+nothing really changed fails with probability at most 5%, however many scenarios and
+metrics it checks. Improvements are a second family, reported and never failed.
 """
 
 from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Mapping, Sequence, Union
 
 from rich.markup import escape
 from rich.table import Table
 
-from batchsim.reports.stats import mean_ci
+from batchsim.reports.stats import mean_ci, t975, t_sf
 
 __all__ = ["MetricSpec", "MetricDiff", "ScenarioDiff", "RegressionReport", "DEFAULT_METRICS",
            "FAILING", "metric_spec", "compare", "diff_table", "to_junit", "to_markdown",
@@ -98,13 +102,31 @@ def metric_spec(key: str) -> MetricSpec:
     return MetricSpec(key, "either", 1e-9)
 
 
+RULE_PAIRED = "paired t"
+RULE_WELCH = "Welch t"
+RULE_EXACT = "exact"
+RULE_NONE = "no interval"
+"""How a metric was decided: a one-sided paired t-test on the seed-by-seed differences (the
+same seeds on both sides), Welch's unpaired t-test (no shared seeds), an exact comparison of
+the one seed both sides share (no interval: a deterministic check, outside the family), or
+nothing (one side holds a single seed and no seed is shared: not evaluable)."""
+
+ALPHA = 0.05
+"""Family-wise false-alarm rate of one ``batchsim regress`` invocation: Holm's step-down
+procedure over every statistical check of the run (all scenarios x metrics)."""
+
+
 @dataclass(frozen=True)
 class MetricDiff:
-    """One metric of one scenario: both means and 95% intervals, the allowed band and the verdict.
+    """One metric of one scenario: both means, the difference the decision used, and the verdict.
 
-    ``baseline``/``current`` are means over seeds; ``baseline_ci``/``current_ci``
-    the half-widths of their 95% t-intervals (0.0 for a single seed);
-    ``baseline_n``/``current_n`` how many seeds each holds.
+    ``baseline``/``current`` are means over the compared seeds; ``baseline_ci``/``current_ci``
+    the half-widths of their own 95% t-intervals (shown only for an unpaired comparison);
+    ``baseline_n``/``current_n`` how many seeds each holds. ``delta ± delta_ci`` is the
+    difference the rule decided on (the mean of the paired differences, or the difference of
+    the means) with its 95% half-width; ``p_worse``/``p_better`` the one-sided p-values of
+    "beyond the tolerance the worse (better) way" and ``p_adj`` the Holm-adjusted p-value of
+    the direction the status reports (the worse one unless improved).
     """
 
     metric: str
@@ -117,6 +139,14 @@ class MetricDiff:
     current_ci: float = 0.0
     baseline_n: int = 1
     current_n: int = 1
+    rule: str = ""
+    delta: float | None = None
+    delta_ci: float = 0.0
+    p_worse: float | None = None
+    p_better: float | None = None
+    p_adj: float | None = None
+    identical: bool = False
+    reason: str = ""
 
     @property
     def failed(self) -> bool:
@@ -131,36 +161,69 @@ class MetricDiff:
 
     @property
     def baseline_text(self) -> str:
-        """``120.1 ± 3.2`` (mean ± 95% CI half-width); a single seed shows its value alone."""
-        return fmt_ci(self.baseline, self.baseline_ci, self.baseline_n)
+        """The baseline mean; ``mean ± 95% CI`` only when the sides were compared unpaired."""
+        return fmt_ci(self.baseline, self.baseline_ci, self.baseline_n) if self.rule == RULE_WELCH \
+            else fmt(self.baseline)
 
     @property
     def current_text(self) -> str:
-        return fmt_ci(self.current, self.current_ci, self.current_n)
+        return fmt_ci(self.current, self.current_ci, self.current_n) if self.rule == RULE_WELCH \
+            else fmt(self.current)
+
+    @property
+    def rule_text(self) -> str:
+        """``paired, 5 seeds``, ``unpaired (Welch), 5 and 3 seeds``, ``exact, 1 shared seed``."""
+        if self.rule == RULE_PAIRED:
+            return f"paired, {self.baseline_n} seeds"
+        if self.rule == RULE_WELCH:
+            return f"unpaired (Welch), {self.baseline_n} and {self.current_n} seeds"
+        if self.rule == RULE_EXACT:
+            return "exact, 1 shared seed, no interval"
+        return self.rule
+
+    @property
+    def delta_text(self) -> str:
+        """``Δ +12.3 ± 4.5 (paired, 5 seeds)``: what the decision used."""
+        if self.delta is None:
+            return "—"
+        ci = f" ± {fmt(self.delta_ci)}" if self.rule in (RULE_PAIRED, RULE_WELCH) else ""
+        return f"{_signed(self.delta)}{ci} ({self.rule_text})"
+
+    @property
+    def p_text(self) -> str:
+        return "—" if self.p_adj is None else f"{self.p_adj:.3g}"
 
     def describe(self) -> str:
-        """``p99_ttft_ms: 120.1 ± 3.2 -> 150.3 ± 4.0 (+25.1%, tolerance ±2.402, lower is better)``."""
+        """``p99_ttft_ms: 120.1 -> 150.3 (+25.1%): Δ +30.2 ± 4.0 (paired, 5 seeds), tolerance ±2.402,
+        Holm-adjusted p 0.0012, lower is better``."""
         if self.status == "missing":
             return f"{self.metric}: not in the baseline (current {self.current_text})"
         if self.status == "unavailable":
             return f"{self.metric}: not in this run's summary (baseline {self.baseline_text})"
         if self.status == "not evaluable":
+            if self.reason:
+                return f"{self.metric}: {self.reason}"
             where = " and ".join(w for w, v in (("the baseline", self.baseline), ("this run", self.current))
                                  if v is None)
             return (f"{self.metric}: null in {where} (no measured request has it): not evaluable, so not a pass "
                     f"(baseline {fmt(self.baseline)}, current {fmt(self.current)})")
         how = f"{self.better} is better" if self.better != "either" else "any change counts"
-        return (f"{self.metric}: {self.baseline_text} -> {self.current_text} ({fmt_change(self)}, "
-                f"tolerance ±{fmt(self.tolerance)}, {how})")
+        p = f", Holm-adjusted p {self.p_text}" if self.p_adj is not None else ""
+        return (f"{self.metric}: {self.baseline_text} -> {self.current_text} ({fmt_change(self)}): "
+                f"Δ {self.delta_text}, tolerance ±{fmt(self.tolerance)}{p}, {how}")
 
 
 @dataclass(frozen=True)
 class ScenarioDiff:
-    """All metric diffs of one scenario, plus scenario-level problems and notes.
+    """All metric diffs of one scenario, plus scenario-level problems, notes and provenance.
 
     ``problems`` fail the scenario on their own (its inputs changed since the
     baseline, or it has no baseline entry); ``notes`` only inform (a
-    different batchsim version recorded the baseline).
+    different batchsim version recorded the baseline, another engine ran).
+    ``provenance`` is what produced the verdict (model, hardware, knobs, engine,
+    version, seeds, ...), ``command`` the one command that reproduces it and
+    ``run_commands`` each seed's ``batchsim run``. ``identical``: every recorded value of
+    every seed equals the baseline's (a re-record would leave the entry byte-identical).
     """
 
     key: str
@@ -171,6 +234,10 @@ class ScenarioDiff:
     scenario_hash: str = ""
     baseline_hash: str = ""
     seconds: float = 0.0
+    provenance: tuple[tuple[str, str], ...] = ()
+    command: str = ""
+    run_commands: tuple[str, ...] = ()
+    identical: bool = False
 
     @property
     def failed(self) -> bool:
@@ -187,6 +254,10 @@ class RegressionReport:
     updated: bool = False
     notes: tuple[str, ...] = ()
     seeds: int = 1
+    alpha: float = ALPHA
+    family: int = 0  # statistical checks Holm's procedure ran over
+    command: str = ""  # the batchsim regress command that reproduces this report
+    baseline_text: str | None = None  # the new baseline file (after --update)
 
     @property
     def failed(self) -> bool:
@@ -205,34 +276,147 @@ class RegressionReport:
 Values = Union[float, int, None, Sequence[Union[float, int, None]]]
 """One metric on one side: a value per seed (a bare number is one seed)."""
 
+_PENDING = "pending"  # a statistical check waiting for the family's decision (decide)
+
 
 def compare(baseline: Mapping[str, Values] | None, current: Mapping[str, Values],
-            metrics: Iterable[str], rtol: float, paired: bool = False) -> tuple[MetricDiff, ...]:
-    """Diff ``current`` against ``baseline`` for each metric (baseline None: all missing).
+            metrics: Iterable[str], rtol: float, paired: bool = False,
+            alpha: float = ALPHA) -> tuple[MetricDiff, ...]:
+    """Diff ``current`` against ``baseline`` for each metric, decided as one family.
 
-    Each value is a list of per-seed values or a bare number (one seed). The
-    verdict compares the two 95% intervals of the mean (see the module
-    docstring). A metric present but null (None or NaN: no measured request
-    had it) in any seed on either side is ``not evaluable``, a failure: it
-    is neither equal nor better.
+    :func:`measure` then :func:`decide` over these metrics alone; ``regress`` measures
+    every scenario first and decides them together, so that the family is the whole run.
+    """
+    return decide([measure(baseline, current, metrics, rtol, paired)], alpha)[0]
+
+
+def measure(baseline: Mapping[str, Values] | None, current: Mapping[str, Values],
+            metrics: Iterable[str], rtol: float, paired: bool = False) -> tuple[MetricDiff, ...]:
+    """Each metric's comparison, its statistical ones still undecided (see :func:`decide`).
+
+    Each value is a list of per-seed values or a bare number (one seed). ``paired``: the
+    two sides hold the same seeds in the same order (common random numbers): 2 or more
+    are compared by a one-sided paired t-test of the differences, a single one exactly.
+    Unpaired sides are compared by Welch's t-test when each holds 2 or more seeds; a single
+    seed on either side has no interval, so the metric is ``not evaluable`` (a failure), not
+    an interval of zero width. With ``tol = max(rtol * |baseline mean|, atol)`` the tests ask
+    whether the change lies beyond ``tol`` in the worse (better) direction. A metric present
+    but null (None or NaN: no measured request had it) in any seed on either side is ``not
+    evaluable``: it is neither equal nor better.
     """
     out = []
     for key in metrics:
         spec = metric_spec(key)
-        base = _interval(baseline.get(key)) if baseline is not None else None
-        cur = _interval(current.get(key))
+        b_vals = [_number(x) for x in _seq(baseline.get(key))] if baseline is not None else []
+        c_vals = [_number(x) for x in _seq(current.get(key))]
+        base = _interval(b_vals) if baseline is not None and key in baseline else None
+        cur = _interval(c_vals) if key in current else None
         tol = max(rtol * abs(base[0]), spec.atol) if base is not None else spec.atol
         null = _null(current, key) or (baseline is not None and _null(baseline, key))
-        if null:
-            status = "not evaluable"
-        elif paired and base is not None and cur is not None and base[2] == cur[2]:
-            status = _paired_status(spec, baseline.get(key), current.get(key), tol)
+        b_mean, b_ci, b_n = base or (None, 0.0, len(b_vals))
+        c_mean, c_ci, c_n = cur or (None, 0.0, len(c_vals))
+        d = MetricDiff(key, b_mean, c_mean, tol, spec.better, "", b_ci, c_ci, b_n, c_n)
+        if base is None and not null:
+            d = replace(d, status="missing")
+        elif cur is None and not null:
+            d = replace(d, status="unavailable")
+        elif null:
+            d = replace(d, status="not evaluable")
+        elif paired:
+            if b_n != c_n:
+                raise ValueError(f"{key}: paired sides hold {b_n} and {c_n} seeds")
+            d = _paired(spec, d, b_vals, c_vals)
         else:
-            status = _status(spec, base, cur, tol)
-        b_mean, b_ci, b_n = base or (None, 0.0, len(_seq(baseline.get(key))) if baseline else 0)
-        c_mean, c_ci, c_n = cur or (None, 0.0, len(_seq(current.get(key))))
-        out.append(MetricDiff(key, b_mean, c_mean, tol, spec.better, status, b_ci, c_ci, b_n, c_n))
+            d = _unpaired(spec, d, b_vals, c_vals)
+        out.append(d)
     return tuple(out)
+
+
+def _paired(spec: MetricSpec, d: MetricDiff, base: list[float], cur: list[float]) -> MetricDiff:
+    """The same seeds on both sides: each seed's workload is the same, so the differences carry
+    the change and not the workload's noise."""
+    diffs = [c - b for b, c in zip(base, cur)]
+    identical = base == cur
+    if len(diffs) == 1:  # one shared seed: its difference, exactly (a deterministic check)
+        (x,) = diffs
+        return replace(d, rule=RULE_EXACT, delta=x, identical=identical,
+                       status=_verdict(spec, x > d.tolerance, -x > d.tolerance))
+    mean, ci = mean_ci(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    up, down = _one_sided(mean, se, len(diffs) - 1, d.tolerance)
+    return _pending(spec, replace(d, rule=RULE_PAIRED, delta=mean, delta_ci=ci, identical=identical), up, down)
+
+
+def _unpaired(spec: MetricSpec, d: MetricDiff, base: list[float], cur: list[float]) -> MetricDiff:
+    """No shared seeds: Welch's t-test on the two means (much weaker at the knee, where a
+    5-seed interval of median TTFT can be ±50-75% of its mean)."""
+    if len(base) < 2 or len(cur) < 2:
+        one = "the baseline holds" if len(base) < 2 else "this run holds"
+        return replace(d, status="not evaluable", rule=RULE_NONE, reason=(
+            f"{one} a single seed and no seed is shared with the other side: a single seed has no interval, "
+            "so the two sides cannot be compared by interval; not evaluable, so not a pass (run with the "
+            "baseline's seeds, or re-record the baseline with --seeds 2 or more)"))
+    vb, vc = statistics.variance(base) / len(base), statistics.variance(cur) / len(cur)
+    se = math.sqrt(vb + vc)
+    # Welch-Satterthwaite degrees of freedom (at least 1; exact when one side has no spread)
+    df = max(1.0, (vb + vc) ** 2 / (vb**2 / (len(base) - 1) + vc**2 / (len(cur) - 1))) if se > 0 else 1.0
+    delta = d.current - d.baseline
+    up, down = _one_sided(delta, se, df, d.tolerance)
+    return _pending(spec, replace(d, rule=RULE_WELCH, delta=delta, delta_ci=t975(int(df)) * se), up, down)
+
+
+def _one_sided(mean: float, se: float, df: float, tol: float) -> tuple[float, float]:
+    """One-sided p-values of "the true change is above +tol" and "below -tol".
+
+    (No spread at all: the change is known exactly, and each p-value is 0 or 1.)"""
+    if se == 0:
+        return (0.0 if mean > tol else 1.0), (0.0 if -mean > tol else 1.0)
+    return t_sf((mean - tol) / se, df), t_sf((-mean - tol) / se, df)
+
+
+def _pending(spec: MetricSpec, d: MetricDiff, up: float, down: float) -> MetricDiff:
+    """A statistical check's p-values, oriented to the metric's direction; decided by :func:`decide`."""
+    if spec.better == "either":  # any change counts: both directions, Bonferroni within the check
+        return replace(d, status=_PENDING, p_worse=min(1.0, 2 * min(up, down)), p_better=None)
+    worse, better = (up, down) if spec.better == "lower" else (down, up)
+    return replace(d, status=_PENDING, p_worse=worse, p_better=better)
+
+
+def decide(groups: Sequence[Sequence[MetricDiff]], alpha: float = ALPHA) -> list[tuple[MetricDiff, ...]]:
+    """Decide every pending check of ``groups`` (one per scenario) as one family.
+
+    Holm's step-down procedure over the "worse" p-values of every statistical check keeps
+    the chance that a run with no real change fails anywhere at most ``alpha``; the
+    "better" p-values form a second family (improvements are reported, never failed)."""
+    flat = [(g, i) for g, group in enumerate(groups) for i, d in enumerate(group) if d.status == _PENDING]
+    worse = _holm([groups[g][i].p_worse for g, i in flat])
+    better = _holm([groups[g][i].p_better for g, i in flat])
+    out = [list(group) for group in groups]
+    for (g, i), pw, pb in zip(flat, worse, better):
+        d = groups[g][i]
+        if pw is not None and pw <= alpha:
+            status, p = ("changed" if d.better == "either" else "regressed"), pw
+        elif pb is not None and pb <= alpha:
+            status, p = "improved", pb
+        else:
+            status, p = "ok", pw
+        out[g][i] = replace(d, status=status, p_adj=p)
+    return [tuple(group) for group in out]
+
+
+def family_size(groups: Sequence[Sequence[MetricDiff]]) -> int:
+    """How many statistical checks a decision ran over (the Holm family)."""
+    return sum(d.p_worse is not None for group in groups for d in group)
+
+
+def _holm(ps: list[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values (None stays None and is not part of the family)."""
+    idx = sorted((i for i, p in enumerate(ps) if p is not None), key=lambda i: (ps[i], i))
+    m, run, out = len(idx), 0.0, list(ps)
+    for rank, i in enumerate(idx):
+        run = max(run, min(1.0, (m - rank) * ps[i]))
+        out[i] = run
+    return out
 
 
 def _seq(v: object) -> list:
@@ -242,12 +426,11 @@ def _seq(v: object) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
-def _interval(v: object) -> tuple[float, float, int] | None:
+def _interval(values: list[float | None]) -> tuple[float, float, int] | None:
     """``(mean, 95% CI half-width, seeds)``; None when any seed's value is not a number.
 
-    The half-width is 0.0 for one seed: a single run is taken at its value.
+    The half-width is 0.0 for one seed (and never used: a single seed has no interval).
     """
-    values = [_number(x) for x in _seq(v)]
     if not values or any(x is None for x in values):
         return None
     mean, ci = mean_ci(values)
@@ -268,36 +451,8 @@ def _number(v: object) -> float | None:
     return float(v)
 
 
-def _paired_status(spec: MetricSpec, base: Values, cur: Values, tol: float) -> str:
-    """The verdict from the seed-by-seed differences (common random numbers: each seed's
-    workload is the same on both sides, so the differences carry the change, not the
-    workload's noise): regressed when the 95% interval of the mean difference lies beyond
-    the tolerance in the bad direction, or when every seed (at least 5) moved beyond it that way."""
-    d = [c - b for b, c in zip((_number(x) for x in _seq(base)), (_number(x) for x in _seq(cur)))]
-    mean, ci = mean_ci(d)
-    ci = 0.0 if math.isnan(ci) else ci
-    # either the interval of the mean difference lies beyond the tolerance, or every seed moved
-    # beyond it the same way (a sign test: with 5 seeds, 1 chance in 32 for a change that is
-    # neutral; it catches a consistent change whose size varies from seed to seed)
-    up = mean - ci > tol or (len(d) >= 5 and all(x > tol for x in d))
-    down = -(mean + ci) > tol or (len(d) >= 5 and all(-x > tol for x in d))
-    return _verdict(spec, up, down)
-
-
-def _status(spec: MetricSpec, base: tuple[float, float, int] | None,
-            cur: tuple[float, float, int] | None, tol: float) -> str:
-    if base is None:
-        return "missing"
-    if cur is None:
-        return "unavailable"
-    (b, b_ci, _), (c, c_ci, _) = base, cur
-    up = (c - c_ci) - (b + b_ci) > tol      # the new interval lies above the baseline's
-    down = (b - b_ci) - (c + c_ci) > tol    # ... or below it
-    return _verdict(spec, up, down)
-
-
 def _verdict(spec: MetricSpec, up: bool, down: bool) -> str:
-    """ok, changed, regressed or improved, from whether the metric moved up or down beyond noise."""
+    """ok, changed, regressed or improved, from whether the metric moved up or down beyond the tolerance."""
     if not (up or down):
         return "ok"
     if spec.better == "either":
@@ -337,33 +492,48 @@ def fmt_change(d: MetricDiff) -> str:
     return f"{c:+.1%}"
 
 
+def _signed(v: float) -> str:
+    return fmt(v) if v < 0 else "+" + fmt(v)
+
+
 _STYLE = {"ok": "green", "improved": "cyan", "regressed": "bold red", "changed": "bold red",
           "missing": "bold yellow", "unavailable": "bold yellow", "not evaluable": "bold red", "new": "cyan"}
 
 
+def _size(report: RegressionReport) -> str:
+    return (f"rtol {report.rtol:g}, {report.seeds} seed{'s' * (report.seeds != 1)}, Holm over "
+            f"{report.family} check{'s' * (report.family != 1)} at α={report.alpha:g}")
+
+
 def diff_table(report: RegressionReport, only_changes: bool = False) -> Table:
     """A rich table, one row per scenario x metric (``only_changes``: hide ``ok`` rows)."""
-    t = Table(title=f"batchsim regress vs {report.baseline} (rtol {report.rtol:g}, "
-                    f"{report.seeds} seed{'s' * (report.seeds != 1)}, mean ± 95% CI)")
+    t = Table(title=f"batchsim regress vs {report.baseline} ({_size(report)})")
     for col, just in (("scenario", "left"), ("metric", "left"), ("baseline", "right"),
-                      ("current", "right"), ("change", "right"), ("tolerance", "right"),
-                      ("status", "left")):
+                      ("current", "right"), ("change", "right"), ("Δ ± 95% CI (rule)", "right"),
+                      ("tolerance", "right"), ("p (Holm)", "right"), ("status", "left")):
         t.add_column(col, justify=just, no_wrap=col != "scenario")
     for s in report.scenarios:
         for d in s.diffs:
             if only_changes and d.status == "ok":
                 continue
             t.add_row(escape(s.key), d.metric, d.baseline_text, d.current_text, fmt_change(d),
-                      f"±{fmt(d.tolerance)}", f"[{_STYLE[d.status]}]{d.status}[/]")
+                      escape(d.delta_text), f"±{fmt(d.tolerance)}", d.p_text, f"[{_STYLE[d.status]}]{d.status}[/]")
     return t
+
+
+def provenance_text(s: ScenarioDiff) -> str:
+    """One line: ``model llama-3-8b, hardware h100-sxm, ...``."""
+    return ", ".join(f"{k} {v}" for k, v in s.provenance)
 
 
 def to_junit(report: RegressionReport) -> str:
     """JUnit XML: a testsuite per scenario, a testcase per scenario x metric.
 
     A failing case's ``<failure>`` message names the scenario, the metric and
-    both values. Scenario-level problems (changed inputs, no baseline entry)
-    fail every case of the scenario, since none of its comparisons is valid.
+    the difference the decision used. Scenario-level problems (changed inputs, no
+    baseline entry) fail every case of the scenario, since none of its comparisons
+    is valid. The suite's properties hold the verdict's provenance (model, hardware,
+    knobs, engine, version, seeds), the command that reproduces it and each seed's run.
     """
     root = ET.Element("testsuites", name="batchsim regress")
     total = failures = 0
@@ -372,7 +542,11 @@ def to_junit(report: RegressionReport) -> str:
         props = ET.SubElement(suite, "properties")
         for name, value in (("scenario_name", s.name), ("scenario_hash", s.scenario_hash),
                             ("baseline_hash", s.baseline_hash), ("rtol", f"{report.rtol:g}"),
-                            ("seeds", str(report.seeds))):
+                            ("seeds", str(report.seeds)), ("alpha", f"{report.alpha:g}"),
+                            ("holm_family", str(report.family)),
+                            ("identical_to_baseline", "true" if s.identical else "false"),
+                            *s.provenance, ("reproduce", s.command),
+                            *((f"run_seed_{i}", c) for i, c in enumerate(s.run_commands))):
             ET.SubElement(props, "property", name=name, value=value)
         n_fail = 0
         for d in s.diffs:
@@ -384,8 +558,8 @@ def to_junit(report: RegressionReport) -> str:
                 if s.problems:
                     msg += " [" + "; ".join(s.problems) + "]"
                 fail = ET.SubElement(case, "failure", type=kind, message=msg)
-                fail.text = "\n".join((msg, *s.problems, *s.notes))
-            else:  # the intervals of a passing case too: baseline mean ± CI -> current mean ± CI
+                fail.text = "\n".join((msg, *s.problems, *s.notes, f"reproduce: {s.command}"))
+            else:  # a passing case shows what was compared too
                 out = ET.SubElement(case, "system-out")
                 out.text = "\n".join([f"{d.status}: {d.describe()}", *s.notes])
         suite.set("tests", str(len(s.diffs)))
@@ -406,11 +580,11 @@ def _md_cell(text: str) -> str:
 
 
 def _md_rows(pairs: list[tuple[ScenarioDiff, MetricDiff]]) -> list[str]:
-    lines = ["| scenario | metric | baseline (mean ± 95% CI) | current (mean ± 95% CI) | change | tolerance |",
-             "|---|---|--:|--:|--:|--:|"]
+    lines = ["| scenario | metric | baseline | current | change | Δ ± 95% CI (rule) | tolerance | p (Holm) |",
+             "|---|---|--:|--:|--:|--:|--:|--:|"]
     for s, d in pairs:
         lines.append(f"| `{_md_cell(s.key)}` | `{d.metric}` | {d.baseline_text} | {d.current_text} "
-                     f"| {fmt_change(d)} | ±{fmt(d.tolerance)} |")
+                     f"| {fmt_change(d)} | {_md_cell(d.delta_text)} | ±{fmt(d.tolerance)} | {d.p_text} |")
     return lines
 
 
@@ -418,8 +592,7 @@ def _headline(report: RegressionReport) -> str:
     n_s, n_m = len(report.scenarios), sum(len(s.diffs) for s in report.scenarios)
     bad = report.rows(*FAILING)
     broken = [s for s in report.scenarios if s.problems]
-    size = (f"{n_s} scenario{'s' * (n_s != 1)}, {n_m} checks, rtol {report.rtol:g}, "
-            f"{report.seeds} seed{'s' * (report.seeds != 1)}")
+    size = f"{n_s} scenario{'s' * (n_s != 1)}, {n_m} metrics, {_size(report)}"
     if report.updated:
         return f"## batchsim regress: baseline updated ({size})"
     if not report.failed:
@@ -433,7 +606,8 @@ def _headline(report: RegressionReport) -> str:
 
 
 def to_markdown(report: RegressionReport) -> str:
-    """A pull-request comment: headline, problems, regressions, improvements, full table folded."""
+    """A pull-request comment: headline, problems, regressions, improvements, notes, provenance
+    with the commands that reproduce each verdict, the full table folded."""
     lines = [COMMENT_MARKER, _headline(report), ""]
     problems = [(s, p) for s in report.scenarios for p in s.problems]
     notes = list(report.notes) + [f"`{s.key}`: {n}" for s in report.scenarios for n in s.notes]
@@ -449,10 +623,19 @@ def to_markdown(report: RegressionReport) -> str:
         lines += ["### Improvements", ""] + _md_rows(good) + [""]
     if notes:
         lines += ["### Notes", ""] + [f"- {_md_cell(n)}" for n in notes] + [""]
+    if any(s.provenance or s.command for s in report.scenarios):
+        lines += ["### Provenance and reproduction", ""]
+        for s in report.scenarios:
+            same = "identical to the baseline" if s.identical else "not identical to the baseline"
+            lines += [f"- `{_md_cell(s.key)}` ({same}): {_md_cell(provenance_text(s))}",
+                      f"  - reproduce: `{s.command}`"]
+            lines += [f"  - seed run: `{c}`" for c in s.run_commands]
+        lines += [""]
     lines += ["<details><summary>All metrics</summary>", ""]
     lines += _md_rows([(s, d) for s in report.scenarios for d in s.diffs])
     lines += ["", "</details>", ""]
     if report.failed:
-        lines += ["If the change is intended, re-record the baseline with "
-                  f"`batchsim regress ... --baseline {report.baseline} --update` and commit it.", ""]
+        how = (f"`{report.command} --update`" if report.command
+               else f"`batchsim regress ... --baseline {report.baseline} --update`")
+        lines += [f"If the change is intended, re-record the baseline with {how} and commit it.", ""]
     return "\n".join(lines)

@@ -26,7 +26,8 @@ import numpy as np
 from batchsim.sim.table import Table
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "csv_text", "write_parquet", "write_table",
-           "TableFile", "write_set", "clean_orphans", "require_folder", "MANIFEST", "FORMATS"]
+           "TableFile", "write_set", "clean_orphans", "require_folder", "require_file", "write_files", "MANIFEST",
+           "FORMATS"]
 
 FORMATS = ("csv", "parquet")
 
@@ -38,28 +39,57 @@ def require_folder(path: str | os.PathLike | None, option: str, contents: str = 
         from batchsim.sim.errors import InputError
 
         raise InputError(f"{path} is a file; expected a folder" + (f" for {contents}" if contents else ""), option)
+def require_file(path: str | os.PathLike | None, option: str, contents: str = "") -> None:
+    """Refuse, before any work, an output file ``path`` (given by ``option``) that cannot be written:
+    a folder, or a place whose nearest existing parent is a file or not writable."""
+    if path is None:
+        return
+    from batchsim.sim.errors import InputError
+
+    p = Path(path)
+    what = f" for {contents}" if contents else ""
+    if p.is_dir():
+        raise InputError(f"{path} is a folder; expected a file{what}", option)
+    parent = p.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(f"{parent} is a file; expected a folder to hold {path}{what}", option)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write in {parent} (permission denied){what}", option)
+
+
+def write_files(files: dict[str | Path, bytes]) -> None:
+    """Write several files as one set: each is written to a temporary file beside it first, and
+    only when all of them are written are they renamed into place (so a failure leaves every
+    old file as it was, never some new files beside old ones)."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+            staged.append((tmp, p))
+            os.fchmod(fd, 0o666 & ~_umask())
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        for tmp, p in staged:
+            os.replace(tmp, p)
+    except BaseException:
+        for tmp, _ in staged:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        raise
+
+
 _FLOAT_FORMAT = "%.9g"  # (CSV: a fixed float format, so identical runs give identical bytes)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (creating parent folders)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        # NOTE: mkstemp makes 0600 files; give outputs the usual umask-based mode.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_files({path: data})
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

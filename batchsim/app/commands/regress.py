@@ -15,7 +15,7 @@ import typer
 
 from batchsim.sim.measure import MIN_REQUESTS
 
-DEFAULT_SEEDS = 5  # NOTE: batchsim.app.regress.DEFAULT_SEEDS (not imported here: the CLI loads lazily)
+DEFAULT_SEEDS = 10  # NOTE: batchsim.app.regress.DEFAULT_SEEDS (not imported here: the CLI loads lazily)
 
 __all__ = ["register", "regress_command"]
 
@@ -24,27 +24,47 @@ def regress_command(
     scenarios: Annotated[list[Path], typer.Argument(help="pinned scenario YAML files")],
     baseline: Annotated[Path, typer.Option(help="baseline JSON file (created by --update)")],
     update: Annotated[bool, typer.Option("--update", help="accept the current results: rewrite the baseline entries of these scenarios and exit 0")] = False,
-    rtol: Annotated[float, typer.Option(help="relative tolerance: a metric fails when it moves the worse way by more than rtol x |baseline| (and its absolute floor)", min=0.0)] = 0.02,
+    rtol: Annotated[float, typer.Option(help="relative tolerance: a metric fails when it moves the worse way by more than rtol x |baseline| (and its absolute floor), beyond the noise (a finite number >= 0)")] = 0.02,
     metrics: Annotated[Optional[list[str]], typer.Option("--metrics", help="summary keys to check (repeatable or comma-separated); default: p50/p99 TTFT, TPOT, ITL, E2E, throughputs, goodput, completed, rejected")] = None,
     junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML here (one test case per scenario x metric)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a markdown summary here (for a pull-request comment)")] = None,
     all_rows: Annotated[bool, typer.Option("--all/--changes", help="show every metric in the table, or only those that moved")] = True,
     min_requests: Annotated[int, typer.Option(min=1, help="completed requests a scenario needs in its measured window; fewer is 'not evaluable', a failure")] = MIN_REQUESTS,
-    seeds: Annotated[int, typer.Option(min=1, help="seeds per scenario (seed, seed+1, ...): the gate compares 95% t-intervals of the means; 5 gives a usable interval and stays cheap")] = DEFAULT_SEEDS,
+    seeds: Annotated[int, typer.Option(min=1, help="seeds per scenario (seed, seed+1, ...): the gate pairs them with the baseline's seeds and tests the differences (Holm over every check of the run)")] = DEFAULT_SEEDS,
 ) -> None:
     """Re-simulate pinned scenarios and diff their metrics against a baseline; exit 1 on regression."""
     from rich.console import Console
     from rich.markup import escape as esc
 
-    from batchsim.reports.regression import FAILING, diff_table, to_junit, to_markdown
-    from batchsim.sim.io import atomic_write_text
+    from batchsim.reports.regression import FAILING, diff_table, provenance_text, to_junit, to_markdown
+    from batchsim.sim.io import require_file, write_files
     from batchsim.app.regress import regress
     from batchsim.sim.errors import InputError
 
-    if baseline.is_dir():  # said "Is a directory" (read) or wrote nothing useful (--update)
+    # every output is checked before the work, and written after it as one set
+    outputs = {"--baseline": baseline, "--junit": junit, "--markdown": markdown}
+    require_file(junit, "--junit", "the JUnit XML")
+    require_file(markdown, "--markdown", "the markdown summary")
+    if baseline.is_dir():
         raise InputError("is a folder; expected a baseline JSON file", f"--baseline {baseline}")
+    if update:
+        require_file(baseline, "--baseline", "the baseline")
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        if path is not None:
+            other = seen.setdefault(path.absolute(), option)
+            if other != option:
+                raise InputError(f"{path} is also given as {other}; expected a file of its own", option)
     report = regress(scenarios, baseline, update=update, rtol=rtol, metrics=metrics, min_requests=min_requests,
-                     seeds=seeds)
+                     seeds=seeds, write=False)
+    files: dict[Path, bytes] = {}
+    if report.baseline_text is not None:
+        files[baseline] = report.baseline_text.encode("utf-8")
+    if junit is not None:
+        files[junit] = to_junit(report).encode("utf-8")
+    if markdown is not None:
+        files[markdown] = to_markdown(report).encode("utf-8")
+    write_files(files)
     # NOTE: CI logs are not terminals; rich would wrap the table at 80 columns.
     console = Console(width=None if Console().is_terminal else 160, highlight=False)
     if all_rows or any(d.status != "ok" for s in report.scenarios for d in s.diffs):
@@ -64,10 +84,10 @@ def regress_command(
         console.print(f"[cyan]IMPROVED[/] {esc(s.key)}: {esc(d.describe())}", soft_wrap=True)
     for n in report.notes:
         console.print(f"note: {esc(n)}", soft_wrap=True)
-    if junit is not None:
-        atomic_write_text(junit, to_junit(report))
-    if markdown is not None:
-        atomic_write_text(markdown, to_markdown(report))
+    for s in report.scenarios:
+        same = "identical to the baseline" if s.identical else "not identical to the baseline"
+        console.print(f"provenance: {esc(s.key)} ({same}): {esc(provenance_text(s))}", soft_wrap=True)
+    console.print(f"reproduce: {esc(report.command)}", soft_wrap=True)
     n_bad = len(report.rows(*FAILING))
     n_broken = sum(bool(s.problems) for s in report.scenarios)
     if report.updated:
