@@ -16,7 +16,7 @@ DEFAULT_SEEDS = 3
 Three is the fewest whose 95% t-interval is usable: t(0.975, 2) = 4.30, where two
 seeds give 12.7. Seed i is ``scenario.seed + i`` for every policy, rate and
 configuration (common random numbers: differences are sharper than levels).
-(regress uses 5, :data:`batchsim.app.regress.DEFAULT_SEEDS`, for its sign test.)
+(regress uses its own count, :data:`batchsim.app.regress.DEFAULT_SEEDS`, for its paired tests.)
 """
 
 DEFAULT_MAX_SEEDS = 10
