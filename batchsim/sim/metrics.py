@@ -264,8 +264,8 @@ def _warnings(s: dict, requests, totals: RunTotals) -> list[str]:
         out.append(f"the measured requests arrive within {share:.0%} of the span a steady state needs "
                    f"({SHORT_SPANS:g} median and {TAIL_SPANS:g} p99 E2E times, {s['arrival_span_s']:.4g} s of "
                    f"{s['arrival_span_s'] / share:.4g} s): a queue that grows, or the running batch of the "
-                   "longest requests, may not have formed, so the latencies may be optimistic; raise "
-                   "workload.num_requests")
+                   "longest requests, may not have formed, so the latencies may be optimistic; run longer "
+                   "(workload.num_requests, duration_s or the trace's window)")
     if s["rejected"]:
         kinds = ", ".join(f"{n} {k}" for k, n in s["rejected_by_reason"].items())
         out.append(f"{s['rejected']} of {s['measured_requests']} measured requests rejected ({kinds}): they "

@@ -46,7 +46,8 @@ from batchsim.sim.io import write_csv, write_json, write_set
 from batchsim.app.capacity.costs import PRICES_FILE, cost_columns, load_prices, price_of
 from batchsim.app.capacity.grid import PlanConfig, build_configs
 from batchsim.app.capacity.search import MIN_REQUESTS, SLO_METRICS
-from batchsim.sim.measure import SHORT_SPANS, TAIL_SPANS, e2e_spans, steady_share
+from batchsim.sim.measure import SHORT_SPANS, TAIL_SPANS, e2e_spans
+from batchsim.workloads.config import MAX_REQUESTS
 from batchsim.app.capacity.worker import (DEFAULT_CI_WIDTH, DEFAULT_MAX_SEEDS, DEFAULT_SEEDS, ConfigOutcome,
                                           ConfigTask, search_config)
 
@@ -106,8 +107,10 @@ class PlanSpec:
         if self.seed_cap < self.seeds:
             raise InputError(f"must be at least --seeds ({self.seeds}), got {self.seed_cap}", "--max-seeds")
         if self.max_requests is not None and (isinstance(self.max_requests, bool)
-                                              or not isinstance(self.max_requests, int) or self.max_requests < 1):
-            raise InputError(f"must be a whole number >= 1, got {self.max_requests!r}", "--max-requests")
+                                              or not isinstance(self.max_requests, int)
+                                              or not 1 <= self.max_requests <= MAX_REQUESTS):
+            raise InputError(f"must be a whole number from 1 to {MAX_REQUESTS}, got {self.max_requests!r}",
+                             "--max-requests")
         if not (0.0 < self.ci_width < 1.0):
             raise InputError(f"must be in (0, 1) (a fraction of the metric's mean), got {self.ci_width:g}",
                              "--ci-width")
@@ -229,7 +232,7 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                "capacity_rps": rate, "capacity_estimate_rps": estimate, "capacity_high_rps": upper,
                # (the output tokens/s at that rate in steady state, as the $/1M output tokens price it:
                # not the run's output_throughput, whose duration carries the ramp-up and the drain)
-               "output_tok_s": rate * o.mean_output_tokens}
+               "output_tok_s": rate * o.mean_output_tokens if rate > 0 else None}
         for k in metrics:
             row[k] = m.get(k)
             row[k + CI_SUFFIX] = m.get(k + CI_SUFFIX) if o.metrics else None
@@ -241,11 +244,12 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         # (how many E2E times the capacity point's measured arrivals span: few, and the run is SHORT)
         row["arrival_span_e2els"] = (e2e_spans(m["arrival_span_s"], m.get("median_e2el_ms"))
                                      if not closed and m.get("arrival_span_s") else None)
-        # (that span over what a steady state needs, SHORT_SPANS median and TAIL_SPANS p99 E2Es: under 1, SHORT)
-        row["steady_share"] = (steady_share(m["arrival_span_s"], m.get("median_e2el_ms"), m.get("p99_e2el_ms"))
-                               if not closed and m.get("arrival_span_s") else None)
+        # (the first seed's span over what a steady state needs, SHORT_SPANS median and TAIL_SPANS p99 E2Es,
+        # as it decided the point's length: under 1, SHORT)
+        row["steady_share"] = o.steady_share if not closed else None
         # (requests per point at the capacity: more than the workload's where a short point was lengthened)
-        row.update(point_requests=o.requests or None, lengthened_rates=o.lengthened, longest_point=o.longest or None)
+        row.update(point_requests=o.requests or None, lengthened_rates=o.lengthened, longest_point=o.longest or None,
+                   max_requests=o.max_requests or None if not closed else None)
         row.update(limit_rps=None if closed else o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)
@@ -315,14 +319,15 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
             lines.append(f"note: {r['config']}: the capacity interval is open: {r['interval_note']}")
         share, spans = r.get("steady_share"), r.get("arrival_span_e2els")
         if r["status"] == "ok" and share is not None and share == share and share < 1.0:
-            requests = r.get("point_requests")
-            ran = f" with {int(requests)} requests (the most --max-requests allows)" if requests == requests and \
-                requests and r.get("lengthened_rates") else ""
+            requests, most = r.get("point_requests"), r.get("max_requests")
+            ran = (f" with {requests:.0f} requests (the most --max-requests allows)"
+                   if requests == requests and most == most and requests and most and requests >= most else "")
             lines.append(f"SHORT {r['config']}: at its capacity the measured requests arrive within "
                          f"{share:.0%} of the span a steady state needs ({SHORT_SPANS:g} median and "
                          f"{TAIL_SPANS:g} p99 E2E times; it spans {spans:.1f} median E2Es){ran}: too short for a "
                          "queue that grows, or the running batch of the longest requests, to break the SLOs, so the "
-                         "capacity may be overstated; raise --max-requests or workload.num_requests")
+                         "capacity may be overstated; raise --max-requests, or run longer (workload.num_requests, or "
+                         "duration_s or the trace's window, whose points are not lengthened)")
     return lines
 
 
@@ -407,6 +412,10 @@ def plan(scenario: Scenario, spec: PlanSpec, out_dir: str | Path | None = None,
     ``source`` (the scenario file and the ``--set`` overrides that made ``scenario``) adds
     each row's reproducing ``batchsim run`` command."""
     spec.check()
+    asked = scenario.workload.num_requests
+    if spec.max_requests is not None and asked is not None and spec.max_requests < asked:
+        raise InputError(f"must be at least workload.num_requests ({asked}), got {spec.max_requests} (equal to it: "
+                         "points are never lengthened)", "--max-requests")
     configs = build_configs(scenario, spec.hardware, spec.tps, spec.policies, spec.knobs, spec.deployments)
     prices = _prices(configs, spec)
     points_dir = str((Path(out_dir) / "points").resolve()) if out_dir is not None else None
@@ -432,7 +441,7 @@ def write_plan(result: PlanResult, out_dir: str | Path) -> dict[str, Path]:
     doc = {"slos": dict(spec.slos), "target_rate": spec.target_rate, "tol": spec.tol,
            "pareto_metric": spec.pareto_metric, "min_requests": spec.min_requests,
            "allow_rejections": spec.allow_rejections, "seeds": spec.seeds, "max_seeds": spec.seed_cap,
-           "ci_width": spec.ci_width, "decided_at": "upper end of each SLO metric's 95% interval" if
+           "ci_width": spec.ci_width, "max_requests": spec.max_requests, "decided_at": "upper end of each SLO metric's 95% interval" if
            spec.seed_cap > 1 else "the point's values (one seed)", "configurations": records}
     html = plan_page(result.frame, result.info, list(spec.slos), spec.pareto_metric, spec.target_rate,
                      spec.allow_rejections, problem_lines(result.frame, spec.ci_width), spec.seed_cap > 1)

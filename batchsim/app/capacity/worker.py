@@ -97,9 +97,11 @@ class ConfigOutcome:
     interval_note: str = ""  # why an end of the interval is missing
     rates: int = 0  # rates tried
     point_scenario: dict | None = None  # the first seed's scenario at ``capacity`` (reproduces the row)
-    requests: int = 0  # requests per point at ``capacity`` (more than the workload's when it was lengthened)
+    requests: float = 0.0  # requests per point at ``capacity`` (its seeds' mean: more than the workload's when lengthened)
     lengthened: int = 0  # rates whose points ran with more requests than the workload's
     longest: int = 0  # the most requests a lengthened point ran
+    max_requests: int = 0  # the most a point may be lengthened to (--max-requests or its default)
+    steady_share: float | None = None  # the capacity's first seed's span over what a steady state needs
 
 
 def point_key(point_scenario: dict, base_dir: str | None) -> str:
@@ -198,22 +200,38 @@ a bound the user's request count sets, the same whichever engine runs the points
 LONGER_MARGIN = 1.1
 """A lengthened point asks for this much more than the span a steady state needs."""
 
+LONGER_STEP = 4
+"""One lengthening asks for at most this many times the requests of the run before it ..."""
+
+LONGER_ROUNDS = 4
+"""... and a point is lengthened at most this many times (so at most LONGER_STEP ** LONGER_ROUNDS = 256 x
+its requests, within the cap): each longer run's own E2E decides the next length, which a run too
+short for its tail underestimates, and an overloaded queue's E2E grows with the run, so its share of
+a steady state never reaches 1 and only these bounds stop it."""
 
 def longer(metrics: dict, n: int, cap: int) -> int | None:
     """The requests a point of ``n`` requests must run for its measured arrivals to span what a
     steady state needs (:func:`~batchsim.sim.measure.steady_share`: SHORT_SPANS median and TAIL_SPANS
-    p99 E2E times, with :data:`LONGER_MARGIN`), at most ``cap``; None when it already does, has no span
-    (a closed loop) or cannot run more.
+    p99 E2E times, with :data:`LONGER_MARGIN`), at most ``cap`` and :data:`LONGER_STEP` x ``n``; None
+    when it already does, has no span (a closed loop) or cannot run more. An empty measured window (a
+    warm-up longer than the run) asks for twice as many.
 
     A run whose requests all arrive within a few E2E times cannot show a queue that grows, nor the
     running batch of a steady state: a rate above what the replica sustains still meets the SLOs on
     it (docs/capacity-planning.md, "Long enough points"). The span grows with the requests at a given
     rate, so the point is run again with enough of them, the same rate and seed."""
+    if metrics.get("measured_requests") == 0:  # (a warm-up or cool-down longer than the run: twice as long)
+        more = min(int(cap), 2 * n)
+        return more if more > n else None
     share = steady_share(metrics.get("arrival_span_s"), metrics.get("median_e2el_ms"), metrics.get("p99_e2el_ms"))
     if share is None or share >= 1.0:
         return None
-    more = min(int(cap), math.ceil(n * LONGER_MARGIN / max(share, 1e-9)))
+    more = min(int(cap), LONGER_STEP * n, math.ceil(n * LONGER_MARGIN / max(share, 1e-9)))
     return more if more > n else None
+
+
+def _share(metrics: dict) -> float | None:
+    return steady_share(metrics.get("arrival_span_s"), metrics.get("median_e2el_ms"), metrics.get("p99_e2el_ms"))
 
 
 def _load_point(path: Path) -> dict | None:
@@ -342,8 +360,9 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
     # (requests per point by rate, where a short first run asked for more: an open loop of a synthetic
     # workload with a request count; a trace's or a duration's requests are what they are)
     lengths: dict[float, int] = {}
+    shares: dict[float, float | None] = {}  # (each rate's first seed's share of a steady state, as it ran)
     w = scenario.workload
-    lengthen = not est["closed"] and w.trace is None and w.num_requests is not None
+    lengthen = not est["closed"] and w.trace is None and w.num_requests is not None and w.duration_s is None
     most = task.max_requests if task.max_requests is not None else LONGER_CAP * est["n"]
 
     def evaluate(rate: float) -> dict:
@@ -356,7 +375,8 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                 runs.append(run_seed(rate, len(runs)))
                 # (too short to show a growing queue: the same rate and seed, longer; again while a
                 # longer run's E2E grows with it, as an overloaded queue's does, up to the cap)
-                while len(runs) == 1 and lengthen:
+                rounds = 0
+                while len(runs) == 1 and lengthen and rounds < LONGER_ROUNDS:
                     # (not a point a longer run cannot rescue: requests refused at any load, or
                     # rejected or left unfinished for overload)
                     status, why = judge_gates(runs[0], task.min_requests, task.allow_rejections)
@@ -365,8 +385,12 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                     more = longer(runs[0], lengths.get(rate, est["n"]), most)
                     if more is None:
                         break
+                    # (an empty window's doublings are not rounds: they find the window, bounded by the cap)
+                    rounds += runs[0].get("measured_requests") != 0
                     lengths[rate] = more
                     runs[0] = run_seed(rate, 0)
+                if len(runs) == 1:
+                    shares[rate] = _share(runs[0])
                 # NOTE: the first seed that fails a gate (drops requests, too thin a window)
                 # decides the point: no mean over more seeds can rescue it
                 if judge_gates(runs[-1], task.min_requests, task.allow_rejections)[0] != PASS:
@@ -405,7 +429,8 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
         out.status = "SLO not met"
     if found.capacity > 0:
         out.point_scenario = point_scenario(scenario, found.capacity, est, lengths.get(found.capacity))
-        out.requests = lengths.get(found.capacity, est["n"])
+        out.requests = float((found.metrics or {}).get("num_requests") or lengths.get(found.capacity, est["n"]))
+        out.steady_share = shares.get(found.capacity)
     # NOTE: with one seed there is no interval: the three bounds coincide. A decision that
     # failed at every rate still gets an estimate: "fails at the upper end" may be few seeds.
     if task.max_seeds > 1 and found.status in (PASS, FAIL):
@@ -425,6 +450,7 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
                                                   "limit") if x)
     out.rates = len(pooled)
     out.lengthened, out.longest = len(lengths), max(lengths.values(), default=0)
+    out.max_requests = int(most)
     if out.metrics is not None:  # the row's metrics: means and half-widths, not every seed's
         out.metrics = {k: v for k, v in out.metrics.items() if k != "per_seed"}
     return out
