@@ -26,6 +26,15 @@ DEFAULT_CI_WIDTH = 0.10
 """The half-width a plan asks of each SLO metric's 95% interval, relative to its mean."""
 
 MIN_REQUESTS = 100
+"""Fewest completed requests in the measured window for its latencies to be evaluable.
+
+Why 100: numpy's p99 of ``n`` samples sits at sorted rank ``0.99 (n - 1)``. At
+100 samples that is 99% the second-largest sample; with fewer it slides toward
+the single largest one, so the "p99" is one outlier, not a percentile. Below
+this, ``summarize`` warns, and ``batchsim plan`` (``--min-requests``) and
+``batchsim regress`` (``--min-requests``) call the point *not evaluable*.
+"""
+
 # A load whose window of arrivals spans fewer E2E times than this is short: an overloaded replica's
 # queue grows by (rate / capacity - 1) x the span, so over a few E2Es it delays requests by less
 # than one more E2E, and the tokens in flight at the window's ends weigh on its served share (a
@@ -46,15 +55,8 @@ def steady_share(span_s, median_e2el_ms, p99_e2el_ms) -> float | None:
     """A span of arrivals over the span a steady state needs, :data:`SHORT_SPANS` median E2E times and
     :data:`TAIL_SPANS` p99 E2E times (either alone when the other is missing): under 1 the window is
     short (SHORT). None without a span or any E2E."""
-    def num(v):
-        try:
-            v = float(v)
-        except (TypeError, ValueError):
-            return None
-        return v if v == v and v > 0 else None
-
-    span = num(span_s)
-    needs = [k * e / 1000.0 for k, e in ((SHORT_SPANS, num(median_e2el_ms)), (TAIL_SPANS, num(p99_e2el_ms)))
+    span = _positive(span_s)
+    needs = [k * e / 1000.0 for k, e in ((SHORT_SPANS, _positive(median_e2el_ms)), (TAIL_SPANS, _positive(p99_e2el_ms)))
              if e is not None]
     return span / max(needs) if span is not None and needs else None
 
@@ -62,19 +64,23 @@ def steady_share(span_s, median_e2el_ms, p99_e2el_ms) -> float | None:
 def e2e_spans(span_s, median_e2el_ms) -> float | None:
     """How many median E2E times a span of arrivals lasts, to hold against :data:`SHORT_SPANS`;
     None without both, or with no E2E."""
+    span, e2el = _number(span_s), _positive(median_e2el_ms)
+    return span / (e2el / 1000.0) if span is not None and e2el is not None else None
+
+
+def _number(v) -> float | None:
+    """``v`` as a float; None when it is not a number or is NaN."""
     try:
-        span, e2el = float(span_s), float(median_e2el_ms)
+        v = float(v)
     except (TypeError, ValueError):
         return None
-    return span / (e2el / 1000.0) if span == span and e2el > 0 else None
-"""Fewest completed requests in the measured window for its latencies to be evaluable.
+    return v if v == v else None
 
-Why 100: numpy's p99 of ``n`` samples sits at sorted rank ``0.99 (n - 1)``. At
-100 samples that is 99% the second-largest sample; with fewer it slides toward
-the single largest one, so the "p99" is one outlier, not a percentile. Below
-this, ``summarize`` warns, and ``batchsim plan`` (``--min-requests``) and
-``batchsim regress`` (``--min-requests``) call the point *not evaluable*.
-"""
+
+def _positive(v) -> float | None:
+    """``v`` as a float when it is a number above 0, else None."""
+    v = _number(v)
+    return v if v is not None and v > 0 else None
 
 
 def thin_window(completed: int, min_requests: int = MIN_REQUESTS) -> str:

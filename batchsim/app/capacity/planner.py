@@ -249,7 +249,7 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         row["steady_share"] = o.steady_share if not closed else None
         # (requests per point at the capacity: more than the workload's where a short point was lengthened)
         row.update(point_requests=o.requests or None, lengthened_rates=o.lengthened, longest_point=o.longest or None,
-                   max_requests=o.max_requests or None if not closed else None)
+                   max_requests=(o.max_requests or None) if not closed else None)
         row.update(limit_rps=None if closed else o.limit_rate, limit_reason=o.limit_reason, points=o.points, rates=o.rates,
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)

@@ -209,6 +209,12 @@ its requests, within the cap): each longer run's own E2E decides the next length
 short for its tail underestimates, and an overloaded queue's E2E grows with the run, so its share of
 a steady state never reaches 1 and only these bounds stop it."""
 
+
+def _share(metrics: dict) -> float | None:
+    """A point's span of measured arrivals over what a steady state needs (sim.measure.steady_share)."""
+    return steady_share(metrics.get("arrival_span_s"), metrics.get("median_e2el_ms"), metrics.get("p99_e2el_ms"))
+
+
 def longer(metrics: dict, n: int, cap: int) -> int | None:
     """The requests a point of ``n`` requests must run for its measured arrivals to span what a
     steady state needs (:func:`~batchsim.sim.measure.steady_share`: SHORT_SPANS median and TAIL_SPANS
@@ -223,15 +229,11 @@ def longer(metrics: dict, n: int, cap: int) -> int | None:
     if metrics.get("measured_requests") == 0:  # (a warm-up or cool-down longer than the run: twice as long)
         more = min(int(cap), 2 * n)
         return more if more > n else None
-    share = steady_share(metrics.get("arrival_span_s"), metrics.get("median_e2el_ms"), metrics.get("p99_e2el_ms"))
+    share = _share(metrics)
     if share is None or share >= 1.0:
         return None
     more = min(int(cap), LONGER_STEP * n, math.ceil(n * LONGER_MARGIN / max(share, 1e-9)))
     return more if more > n else None
-
-
-def _share(metrics: dict) -> float | None:
-    return steady_share(metrics.get("arrival_span_s"), metrics.get("median_e2el_ms"), metrics.get("p99_e2el_ms"))
 
 
 def _load_point(path: Path) -> dict | None:
@@ -373,8 +375,8 @@ def search_config(task: ConfigTask) -> ConfigOutcome:
             runs: list[dict] = []
             while True:
                 runs.append(run_seed(rate, len(runs)))
-                # (too short to show a growing queue: the same rate and seed, longer; again while a
-                # longer run's E2E grows with it, as an overloaded queue's does, up to the cap)
+                # (too short for a steady state: the same rate and seed, longer; again while a longer
+                # run's E2E grows with it, within LONGER_ROUNDS, LONGER_STEP and the cap)
                 rounds = 0
                 while len(runs) == 1 and lengthen and rounds < LONGER_ROUNDS:
                     # (not a point a longer run cannot rescue: requests refused at any load, or
