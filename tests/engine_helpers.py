@@ -133,19 +133,55 @@ def written(result, folder) -> dict[str, bytes]:
     return files
 
 
+def threads_back_to(count: int, within_s: float = 1.0) -> bool:
+    """Whether the threads running (``_thread._count()``) are back to ``count`` within
+    ``within_s``: a worker that said it is done (a flag, its last touch of the run) still has to
+    return from its function."""
+    import _thread
+    import time
+
+    end = time.monotonic() + within_s
+    while _thread._count() > count:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 class Interrupt(BaseException):
     """What :class:`AlarmInterrupts` raises: like KeyboardInterrupt, not an Exception."""
 
 
+def _lands_in_project(frame) -> bool:
+    """Whether an alarm that fired at ``frame`` stands for a Ctrl-C the code under test must handle.
+    Frames are walked outwards: the first frame of the project (``batchsim/``) says yes, after any
+    library frames it called (threading, queue, time); the test's own frames (``tests/``: the
+    harness, the loop around the run) and pytest's say no. So do weakref callbacks and
+    ``__del__``, where Python cannot raise and only reports the exception (then pytest's
+    unraisable hook runs inside the run, and an alarm there breaks pytest, not the code under
+    test). A "no" leaves the interrupt for the alarm's next tick."""
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if frame.f_code.co_name == "__del__" or name.endswith(("/_weakrefset.py", "/weakref.py")):
+            return False
+        if "/_pytest/" in name or "/pluggy/" in name or "/tests/" in name:
+            return False
+        if "/batchsim/" in name:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class AlarmInterrupts:
     """Ctrl-C stand-ins: once armed, SIGALRM after 10 ms and then every 2 ms raises
-    :class:`Interrupt`, ``times`` times (``left`` says how many are still to come). POSIX only."""
+    :class:`Interrupt`, ``times`` times (``left`` says how many are still to come), each where it
+    lands in the code under test (:func:`_lands_in_project`). POSIX only."""
 
     def __init__(self) -> None:
         self.left = 0
 
     def _handler(self, signum, frame) -> None:
-        if self.left > 0:
+        if self.left > 0 and _lands_in_project(frame):
             self.left -= 1
             raise Interrupt()
 

@@ -41,7 +41,7 @@ import stat
 import sys
 import subprocess
 import tempfile
-import threading
+import _thread
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -616,11 +616,20 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         lib.core_info(st, _ptr(info))
         held = int(lib.core_held(st))
     finally:
-        try:
-            ahead.close()
-        finally:
-            _active = None
-            lib.core_free(st)
+        # (close() again until it returns: an interrupt can land as it is entered, before its own
+        # retry loop, and the core must not be freed under a thread still running it. Nothing
+        # between here and the try checks for signals, so one cannot land before the loop either.)
+        pending = None
+        while True:
+            try:
+                ahead.close()
+                break
+            except BaseException as e:
+                pending = pending or e
+        _active = None
+        lib.core_free(st)
+        if pending is not None:
+            raise pending
     delivered = int(info[4])
     requests = _frame(workload, delivered, req_i, req_f, policy.recipe, max_model_len, kv_blocks, block_size, max_queue_len)
     kept = []
@@ -759,13 +768,21 @@ class _CoreThread:
         # (set by the thread once it can no longer touch the core: a plain flag, polled, as an
         # Event's wait is a Condition's, which an interrupt can leave locked for the thread's set)
         self._exited = False
-        self._thread: threading.Thread | None = None
         self._stop = False
+        # (set by the thread before it reads _stop, as close() sets _stop before it reads this: a
+        # thread close() saw not begun sees _stop and never touches the core, and close() waits
+        # for one it saw begun. So close() is right wherever an interrupt lands in start(), before
+        # or after the thread was launched; each flag is one store, which no signal handler splits)
+        self._began = False
+        self._closed = False
 
     def _loop(self) -> None:
         lib, st = self._lib, self._st
         info = np.zeros(_rep_info(self._reps), dtype=np.float64)
         try:
+            self._began = True
+            if self._stop:
+                return
             cur = 0
             while True:
                 status = lib.core_run(st)
@@ -794,8 +811,9 @@ class _CoreThread:
             self._exited = True
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="batchsim-core", daemon=True)
-        self._thread.start()
+        # (_thread's start is one call in C. threading.Thread.start waits on a Condition in Python,
+        # which an interrupt landing as it takes its lock back turns into 'release unlocked lock')
+        _thread.start_new_thread(self._loop, ())
 
     def get(self) -> tuple:
         """The next set filled: ``(status, set, counters, frontier)``."""
@@ -811,24 +829,26 @@ class _CoreThread:
     def close(self) -> None:
         """Stop the thread, once its call in flight has returned. An interrupt meanwhile (a
         second Ctrl-C, a benchmark's alarm) is raised after that, never before: the core's state
-        and buffers must outlive the call using them. (Not Thread.join: an interrupted join can
-        mark a running thread stopped, bpo-45274's cleanup.)"""
-        if self._thread is None:
+        and buffers must outlive the call using them. One that lands as close() is entered comes
+        out before it stops anything: call it again until it returns (run_core does). After
+        _exited the thread touches nothing of the run's, so its ending is not waited for."""
+        if self._closed:
             return
-        self._stop = True
         pending, released = None, False
         while True:
             try:
+                self._stop = True
+                if not self._began:  # (it never will touch the core: see _began)
+                    break
                 if not released:
                     self._free.put(None)  # (wakes a thread waiting for a free set; a second one is harmless)
                     released = True
                 while not self._exited:
                     time.sleep(0.002)
-                self._thread.join()  # (it touches the core no more: only its own ending is waited for)
                 break
             except BaseException as e:
                 pending = pending or e
-        self._thread = None
+        self._closed = True
         if pending is not None:
             raise pending
 

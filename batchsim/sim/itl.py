@@ -31,7 +31,7 @@ import contextlib
 import math
 import queue
 import sys
-import threading
+import _thread
 import time
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -531,13 +531,22 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
     slots: queue.SimpleQueue = queue.SimpleQueue()
     for _ in range(depth):
         slots.put(None)
-    stop = threading.Event()
+    # The hand-over with the thread is two flags, each set by one side, in this order: the thread
+    # sets "began" and then reads "stop"; the reader sets "stop" and then reads "began". So a
+    # thread the reader saw not begun sees "stop" and reads nothing, and the reader waits for one
+    # it saw begun (until "done": after it the thread touches nothing of the reader's): right
+    # wherever an interrupt lands in the start, before or after the launch. Each flag is one dict
+    # store, which no signal handler splits.
+    flags = {"began": False, "stop": False, "done": False}
 
     def make() -> None:
         try:
+            flags["began"] = True
+            if flags["stop"]:
+                return
             for x in it:
                 while True:
-                    if stop.is_set():
+                    if flags["stop"]:
                         return
                     try:
                         slots.get(timeout=0.1)
@@ -548,10 +557,13 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
             made.put((0, None))
         except BaseException as e:  # (raised where the items are read)
             made.put((2, e))
+        finally:
+            flags["done"] = True
 
-    thread = threading.Thread(target=make, name="batchsim-itl", daemon=True)
     try:
-        thread.start()  # (inside: an interrupt while it starts still stops it)
+        # (inside: an interrupt while it starts still stops it. _thread's start is one call in C,
+        # where threading.Thread.start waits on a Condition an interrupt can leave unbalanced)
+        _thread.start_new_thread(make, ())
         while True:
             kind, x = made.get()
             if kind == 0:
@@ -561,11 +573,11 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
             slots.put(None)
             yield x
     finally:
-        stop.set()
         late = None  # (a further interrupt while the thread stops: raised once it has, within 0.1 s
         while True:  # and the piece it is making)
             try:
-                while thread.is_alive():  # (not join: the thread may not have started)
+                flags["stop"] = True
+                while flags["began"] and not flags["done"]:  # (not join: the thread may never start)
                     time.sleep(0.002)
                 break
             except BaseException as e:
