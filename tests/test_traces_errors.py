@@ -290,3 +290,19 @@ def test_vllm_bench_not_utf8(tmp_path):
     (tmp_path / "v.json").write_bytes(b'{"input_lens": [1], "x": "\xff"}')
     msg = error_of({"format": "vllm_bench", "path": "v.json"}, tmp_path)
     assert msg == f"{tmp_path / 'v.json'}: not UTF-8 text (invalid start byte); expected the JSON vllm bench serve saves"
+
+
+def test_one_rule_says_how_a_saved_bench_run_sent_its_requests():
+    """batchsim.sim.sending is the one statement both readers of vllm bench files use
+    (calibrate --from-bench and the vllm_bench trace): a closed loop at an infinite rate with a
+    cap (even with saved send times: they were the old server's), a burst without one, saved send
+    times at a finite rate, a gamma draw without them, and neither loop when capped without them."""
+    import math
+
+    from batchsim.sim.sending import BURST, CLOSED, NEITHER, RATE, SAVED, sending
+
+    assert sending(math.inf, 8, False) == CLOSED and sending(math.inf, 8, True) == CLOSED
+    assert sending(math.inf, None, False) == BURST and sending(math.inf, None, True) == BURST
+    assert sending(4.0, 8, True) == SAVED and sending(4.0, None, True) == SAVED
+    assert sending(4.0, None, False) == RATE
+    assert sending(4.0, 8, False) == NEITHER

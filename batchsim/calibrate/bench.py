@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from batchsim.sim.errors import InputError
+from batchsim.sim.sending import BURST, CLOSED, NEITHER, sending
 
 if TYPE_CHECKING:  # pandas only for run_from_records
     import pandas as pd
@@ -455,12 +456,13 @@ def _read_vllm(path: PathLike, data: dict, fmt: str = "vllm", prefix: str = "") 
     conc = data.get("max_concurrency")
     if conc is not None:
         conc = _positive_int(conc, at("max_concurrency"), "a positive integer or null")
-    if math.isfinite(rate):
-        mode, label = "rate", f"rate={_num_label(rate)}"
-    elif conc is not None:
+    sent = sending(rate, conc, "start_times" in lists)
+    if sent == CLOSED:
         mode, label = "concurrency", f"concurrency={conc}"
-    else:
+    elif sent == BURST:
         mode, label = "trace", "rate=inf"
+    else:
+        mode, label = "rate", f"rate={_num_label(rate)}"
     model = data.get("model_id")
     if fmt == "sglang":
         info = data.get("server_info")
@@ -491,7 +493,7 @@ def _read_vllm(path: PathLike, data: dict, fmt: str = "vllm", prefix: str = "") 
     if "start_times" in lists:
         start = _numbers(scrub(lists["start_times"], 0.0), at("start_times"), "a perf_counter time in seconds",
                          nonneg=False)
-    elif not math.isfinite(rate):
+    elif sent in (CLOSED, BURST):
         # closed loop: the arrivals follow from the completions, not the file; an infinite rate sends all at once
         start = np.zeros(n)
     elif fmt == "sglang":
@@ -503,7 +505,7 @@ def _read_vllm(path: PathLike, data: dict, fmt: str = "vllm", prefix: str = "") 
         raise _fail(at("start_times"), "not found (older vllm bench serve, e.g. 0.10, did not save it): "
                                        f"the arrival times of a run at request_rate {_shown(rate_raw)} cannot be "
                                        "replayed" + (f" (max_concurrency {conc} caps it in flight, so it is no closed "
-                                                     "loop either)" if conc is not None else "")
+                                                     "loop either)" if sent == NEITHER else "")
                                        + "; expected per-request send times, a closed-loop run (max_concurrency set "
                                        "at an infinite rate), or an infinite rate")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from batchsim.sim.errors import InputError
+from batchsim.sim.sending import CLOSED, NEITHER, sending
 
 from . import _io
 from .arrivals import renewal
@@ -180,15 +181,13 @@ def _rate(data: dict, field) -> float:
 
 
 def _capped(data: dict, has_start: bool, field) -> None:
-    """Refuse to replay the recorded arrivals of a run that ``max_concurrency`` capped in flight.
-
-    NOTE: this is the rule ``batchsim calibrate --from-bench`` applies (batchsim/calibrate/bench.py,
-    which this layer does not import): at an infinite rate the run was a closed loop of that many
-    clients, whose send times follow from the server's completions (replayed as one there, so
-    here the user says so: arrival process closed); at a finite rate without start_times,
-    requests sent at a rate and capped in flight are neither loop, so no arrivals can be made.
-    With a finite rate and start_times the saved send times are replayed. It replayed every
-    request at t = 0 (rate "inf") or a gamma draw at the uncapped rate, saying nothing.
+    """Refuse to replay the recorded arrivals of a run that ``max_concurrency`` capped in flight
+    where :func:`batchsim.sim.sending.sending` (the rule ``batchsim calibrate --from-bench``
+    reads these files by too) says they cannot be: a closed loop (an infinite rate), whose send
+    times follow from the server's completions (replayed as one by the user's closed arrival
+    process), or neither loop (a finite rate without start_times). With a finite rate and
+    start_times the saved send times are replayed. It replayed every request at t = 0 (rate
+    "inf") or a gamma draw at the uncapped rate, saying nothing.
     """
     conc = data.get("max_concurrency")
     if conc is None:
@@ -199,12 +198,13 @@ def _capped(data: dict, has_start: bool, field) -> None:
         shown = _io.boolean(conc) or _io._short(conc)
         raise field("max_concurrency", f"{shown} is not a client count; expected a positive integer or null")
     rate = _rate(data, field)
+    sent = sending(rate, conc, has_start)
     closed = f"workload.arrival: {{process: closed, concurrency: {conc}}} with trace.arrivals_from: arrival"
-    if np.isinf(rate):
+    if sent == CLOSED:
         raise field("max_concurrency", f"is {conc} at request_rate inf: the run was a closed loop of {conc} clients, "
                                        "whose send times depend on the server's responses, so its arrivals are "
                                        f"not replayed; expected {closed}")
-    if not has_start:
+    if sent == NEITHER:
         raise field("max_concurrency", f"is {conc} at request_rate {rate:g} and the file has no start_times: requests "
                                        f"sent at a rate and capped at {conc} in flight are neither an open nor a "
                                        "closed loop, so their arrivals cannot be regenerated; expected a file with "
