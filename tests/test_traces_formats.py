@@ -219,6 +219,23 @@ def test_unsorted_rows_are_sorted_with_a_warning(tmp_path):
     assert w.prompt_tokens.tolist() == [1, 3, 2, 4]
 
 
+def test_a_run_over_unsorted_rows_says_so_in_its_summary(tmp_path, capfd):
+    """The note is the run's, not a Python warning on stderr: it is in the summary's warnings
+    (and so in every report of the run), naming the file and the line."""
+    from batchsim.app.config import scenario_from_dict
+    from batchsim.app.runner import build_parts, simulate
+
+    name = _csv(tmp_path, [0, 2, 1, 3])
+    sc = scenario_from_dict({"model": "llama-3.1-8b", "hardware": "h100-sxm", "policy": {"name": "continuous"},
+                             "workload": {"trace": {"format": "csv", "path": str(tmp_path / name)}}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = simulate(sc, build_parts(sc)).summary
+    assert summary["warnings"][0] == (f"{tmp_path / name}: rows are not sorted by arrival time (line 4 is earlier "
+                                      "than the row before it); replaying them sorted by time")
+    assert "UserWarning" not in capfd.readouterr().err
+
+
 def test_sorted_trace_raises_no_warning(tmp_path):
     name = _csv(tmp_path, [0, 0, 1])
     with warnings.catch_warnings():

@@ -10,5 +10,6 @@ the result is one columnar :class:`batchsim.sim.types.Workload`, built by
 
 from .build import build_workload
 from .config import WorkloadConfig
+from .traces import TraceNote
 
-__all__ = ["WorkloadConfig", "build_workload"]
+__all__ = ["WorkloadConfig", "build_workload", "TraceNote"]

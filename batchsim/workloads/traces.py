@@ -29,7 +29,12 @@ from .arrivals import renewal
 from .config import (AzureTrace, BurstGPTTrace, CsvTrace, JsonlTrace, LengthsTrace, MooncakeTrace,
                      TraceConfig, VllmBenchTrace)
 
-__all__ = ["Trace", "load", "load_timed", "READERS"]
+__all__ = ["Trace", "TraceNote", "load", "load_timed", "READERS"]
+
+
+class TraceNote(UserWarning):
+    """Something a trace's reader changed about the file's requests and the run's summary must
+    say (the runner turns each into a summary warning, naming the file and the line)."""
 
 
 @dataclass(frozen=True)
@@ -264,7 +269,7 @@ def _sorted(tr: Trace) -> Trace:
     i = int(np.argmax(back)) + 1
     where = f"field 'start_times[{tr.lines[i]}]'" if tr.fields else f"line {tr.lines[i]}"
     warnings.warn(f"{tr.path}: rows are not sorted by arrival time ({where} is earlier than the row before it); "
-                  "replaying them sorted by time", stacklevel=4)
+                  "replaying them sorted by time", TraceNote, stacklevel=4)
     return tr.take(np.argsort(tr.time, kind="stable"))
 
 
