@@ -248,6 +248,14 @@ def test_a_config_that_rejects_requests_is_refused_unless_allowed(tmp_path):
     row = allowed.frame.iloc[0]
     # (the row's count is the mean over its seeds; the refusal names the first seed's)
     assert row["status"] == "ok" and row["capacity_rps"] > 0 and row["rejected"] > 0
+    # output tok/s and $/1M price the served requests' tokens only (rejected ones are long prompts
+    # here, whose outputs are as long as any: a share of the workload's mean output per request)
+    from batchsim.app.runner import build_parts
+
+    mean_all = float(build_parts(sc, path.parent).workload.output_tokens.mean())
+    per_request = row["output_tok_s"] / row["capacity_rps"]
+    assert 0.5 * mean_all < per_request < 0.999 * mean_all
+    assert row["usd_per_1m_output_tokens"] == pytest.approx(row["usd_per_hour"] / (row["output_tok_s"] * 3600) * 1e6)
     cli = CliRunner().invoke(app, ["plan", str(path), "--slo", "p99_ttft_ms=2000", "--executor", "serial",
                                    "--out", str(tmp_path / "o")])
     assert cli.exit_code == 0, cli.output

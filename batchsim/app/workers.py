@@ -118,6 +118,7 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
     raise InvalidStateError (a thread traceback on stderr).
     """
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # (shutdown drops it too)
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         try:
@@ -128,6 +129,16 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
         try:
             p.join(1.0)
         except (OSError, ValueError, AttributeError, AssertionError):
+            pass
+    # NOTE: once its workers are gone the manager thread closes its wake-up pipe; if the
+    # interpreter exits meanwhile, concurrent.futures' exit hook writes to that pipe as it closes
+    # (Python 3.11 takes no lock there) and prints "Exception ignored ... Bad file descriptor"
+    # with a traceback after the interrupt's message. Waiting for the thread (bounded: it has
+    # nothing left but to close) lets the hook see the pipe closed.
+    if manager is not None:
+        try:
+            manager.join(1.0)
+        except (RuntimeError, AttributeError):
             pass
 
 

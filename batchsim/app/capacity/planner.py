@@ -204,6 +204,21 @@ def _closed_rates(config: PlanConfig, clients: float, metrics: Mapping) -> tuple
     return low, mid, (high if e2el - half > 0 or think > 0 else None)
 
 
+def _served_output_tokens(o: ConfigOutcome, metrics: Mapping, closed: bool) -> float:
+    """Output tokens served per request of the capacity's rate: the workload's mean output,
+    less what the capacity point rejected (``--allow-rejections``; the mean over seeds of the
+    served share of the output tokens). A closed loop's rate counts only served requests (the
+    response-time law over their E2E), so it is the served requests' own mean."""
+    if not metrics.get("all_rejected"):
+        return o.mean_output_tokens
+    tokens, count = metrics.get("all_served_output_share"), metrics.get("all_served_share")
+    if tokens is None:  # (no output tokens in the point at all)
+        return o.mean_output_tokens
+    if closed:
+        return o.mean_output_tokens * tokens / count if count else 0.0
+    return o.mean_output_tokens * tokens
+
+
 def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], spec: PlanSpec,
               prices: Mapping[str, float], source: tuple[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """plan.csv: one row per configuration, the Pareto front marked, sorted by cost
@@ -227,12 +242,13 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
         # interval is in capacity_clients_*)
         rate, estimate, upper = ((_closed_rates(c, o.capacity, m) if o.capacity > 0 else (0.0, None, None))
                                  if closed else (o.capacity, o.estimate, o.upper))
+        output_tokens = _served_output_tokens(o, m, closed)
         row = {"config": c.label, "hardware": c.hardware, "tp": c.tp, "policy": c.policy,
                "knobs": " ".join(f"{k}={v}" for k, v in c.knobs), "status": o.status,
                "capacity_rps": rate, "capacity_estimate_rps": estimate, "capacity_high_rps": upper,
                # (the output tokens/s at that rate in steady state, as the $/1M output tokens price it:
                # not the run's output_throughput, whose duration carries the ramp-up and the drain)
-               "output_tok_s": rate * o.mean_output_tokens if rate > 0 else None}
+               "output_tok_s": rate * output_tokens if rate > 0 else None}
         for k in metrics:
             row[k] = m.get(k)
             row[k + CI_SUFFIX] = m.get(k + CI_SUFFIX) if o.metrics else None
@@ -254,7 +270,7 @@ def plan_rows(configs: Sequence[PlanConfig], outcomes: Sequence[ConfigOutcome], 
                    rejected=m.get("all_rejected") if o.metrics else None,
                    usd_per_gpu_hour=unit_price(c, prices), target_rps=spec.target_rate)
         # (a unit is one colocated replica of tp GPUs, or one xPyD deployment of its pools' GPUs)
-        row.update(cost_columns(rate, c.gpus, unit_price(c, prices), o.mean_output_tokens, spec.target_rate))
+        row.update(cost_columns(rate, c.gpus, unit_price(c, prices), output_tokens, spec.target_rate))
         row.update(policy_knobs=json.dumps(facts["policy"], sort_keys=True) if facts.get("policy") else None,
                    kv_blocks=facts.get("kv_blocks_per_replica"), block_size=facts.get("block_size"),
                    kv_capacity_tokens=facts.get("kv_capacity_tokens_per_replica"),
@@ -300,7 +316,8 @@ def problem_lines(frame: pd.DataFrame, width: float = DEFAULT_CI_WIDTH) -> list[
             # cycle, its time to rejection and its think time, is not in it)
             closed = r.get("capacity_clients") is not None and r["capacity_clients"] == r["capacity_clients"]
             lines.append(f"warning: {r['config']}: its capacity rejects {count} "
-                         "(allowed by --allow-rejections); they count as failing, not as served"
+                         "(allowed by --allow-rejections); they count as failing, not as served, and its "
+                         "output tok/s and $/1M count only the served requests' tokens"
                          + ("; its throughput counts only the served requests' cycles "
                             "(N / (their mean E2E + think time))" if closed else ""))
         if r["status"] == "ok" and r.get("interval_ok") is False:

@@ -54,10 +54,11 @@ __all__ = ["ConfigTask", "ConfigOutcome", "point_key", "point_scenario", "queue_
 HORIZON_SPANS = 2.0
 HORIZON_DRAINS = 10.0
 ESTIMATE_BATCH = 16  # the start rate assumes this many sequences decode together
-POINT_FORMAT = 4  # bump when a point's meaning changes (invalidates stored points)
+POINT_FORMAT = 5  # bump when a point's meaning changes (invalidates stored points)
 # 2: null latencies (not 0.0) when nothing was measured; all_rejected_by_reason
 # 3: facts (effective policy knobs, KV capacity, engine) beside the metrics
 # 4: arrival_span_s (an open loop's measured arrivals: a span shorter than their E2E is a burst)
+# 5: all_served_share, all_served_output_share (what a rejecting capacity serves)
 
 
 
@@ -263,8 +264,14 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
                if v is None and k != "engine_reason" or isinstance(v, (int, float)) and not isinstance(v, bool)}
     m = sc.measure
     metrics.update(queue_metrics(req, m.warmup_s, m.cooldown_s, m.warmup_requests, m.cooldown_requests))
-    rejected = req[req["status"] == "rejected"]
+    is_rejected = np.asarray(req["status"] == "rejected")
+    rejected = req[is_rejected]
     metrics["all_rejected"] = int(len(rejected))
+    # (what the served requests are of all: by count and by output tokens, so a capacity that
+    # rejects requests (--allow-rejections) prices only the tokens it serves)
+    out = np.asarray(req["output_tokens"], dtype=np.float64)
+    metrics["all_served_share"] = float((~is_rejected).mean()) if len(out) else None
+    metrics["all_served_output_share"] = float(out[~is_rejected].sum() / out.sum()) if out.sum() > 0 else None
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
     metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())  # (the Table's columns)
     if getattr(sc.workload.arrival, "process", None) == "closed":  # (only an open loop's span is its rate's)
