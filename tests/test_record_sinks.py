@@ -283,6 +283,7 @@ def test_a_discarded_parquet_file_stops_its_writer(tmp_path):
     f = TableFile(tmp_path / "steps.parquet", "parquet")
     for i in range(5):
         f.write({"a": np.arange(1000) + i})
-    assert f._began or f._launched
+    writer = f._writer_h
+    assert writer.began or writer.launched
     f.discard()
-    assert f._done and list(tmp_path.iterdir()) == []
+    assert writer.done and list(tmp_path.iterdir()) == []

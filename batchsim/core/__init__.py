@@ -41,14 +41,13 @@ import stat
 import sys
 import subprocess
 import tempfile
-import _thread
-import time
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
 import numpy as np
 
+from batchsim.sim.handover import Handover
 from batchsim.core.build import GCC_FLAGS, source_key
 from batchsim.sim.protocols import PolicyError
 from batchsim.sim.records import REQUEST_COLUMNS, add_latencies, empty_requests
@@ -765,24 +764,15 @@ class _CoreThread:
         # Condition.wait, which an exception raised by a signal handler just after it let go of its
         # lock leaves to release it again: 'release unlocked lock' instead of the interrupt)
         self._filled: queue.SimpleQueue = queue.SimpleQueue()
-        # (set by the thread once it can no longer touch the core: a plain flag, polled, as an
-        # Event's wait is a Condition's, which an interrupt can leave locked for the thread's set)
-        self._exited = False
-        self._stop = False
-        # (set by the thread before it reads _stop, as close() sets _stop before it reads this: a
-        # thread close() saw not begun sees _stop and never touches the core, and close() waits
-        # for one it saw begun. So close() is right wherever an interrupt lands in start(), before
-        # or after the thread was launched; each flag is one store, which no signal handler splits)
-        self._began = False
+        # (the thread's start and stop, right wherever an interrupt lands: a thread close() saw
+        # not begun never touches the core, and one it saw begun is waited for until done)
+        self._h = Handover()
         self._closed = False
 
     def _loop(self) -> None:
         lib, st = self._lib, self._st
         info = np.zeros(_rep_info(self._reps), dtype=np.float64)
         try:
-            self._began = True
-            if self._stop:
-                return
             cur = 0
             while True:
                 status = lib.core_run(st)
@@ -798,22 +788,18 @@ class _CoreThread:
                     frontier = np.zeros(self._reps, dtype=np.int64)
                     lib.core_frontier(st, _ptr(frontier))
                 self._filled.put((status, cur, info.copy(), frontier))
-                if status == _DONE or self._stop:
+                if status == _DONE or self._h.stop:
                     return
                 cur = self._free.get()
-                if cur is None or self._stop:
+                if cur is None or self._h.stop:
                     return
                 lib.core_buffers(st, *self._sets[cur])
                 lib.core_flushed(st)
         except BaseException as e:  # (raised where the sets are read)
             self._filled.put(e)
-        finally:
-            self._exited = True
 
     def start(self) -> None:
-        # (_thread's start is one call in C. threading.Thread.start waits on a Condition in Python,
-        # which an interrupt landing as it takes its lock back turns into 'release unlocked lock')
-        _thread.start_new_thread(self._loop, ())
+        self._h.start(self._loop)
 
     def get(self) -> tuple:
         """The next set filled: ``(status, set, counters, frontier)``."""
@@ -830,21 +816,18 @@ class _CoreThread:
         """Stop the thread, once its call in flight has returned. An interrupt meanwhile (a
         second Ctrl-C, a benchmark's alarm) is raised after that, never before: the core's state
         and buffers must outlive the call using them. One that lands as close() is entered comes
-        out before it stops anything: call it again until it returns (run_core does). After
-        _exited the thread touches nothing of the run's, so its ending is not waited for."""
+        out before it stops anything: call it again until it returns (run_core does)."""
         if self._closed:
             return
         pending, released = None, False
         while True:
             try:
-                self._stop = True
-                if not self._began:  # (it never will touch the core: see _began)
+                if not self._h.halt():  # (it never will touch the core)
                     break
                 if not released:
                     self._free.put(None)  # (wakes a thread waiting for a free set; a second one is harmless)
                     released = True
-                while not self._exited:
-                    time.sleep(0.002)
+                self._h.wait()
                 break
             except BaseException as e:
                 pending = pending or e

@@ -8,7 +8,6 @@ never holds some files of an old run beside others of a new one.
 
 from __future__ import annotations
 
-import _thread
 import csv
 import io
 import json
@@ -18,12 +17,12 @@ import queue
 import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from batchsim.sim.handover import Handover
 from batchsim.sim.table import Table
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "write_json", "write_csv", "csv_text", "write_parquet", "write_table",
@@ -229,12 +228,9 @@ class TableFile:
         # each it takes, so at most _DEPTH wait.
         self._queue: queue.SimpleQueue | None = None
         self._slots: queue.SimpleQueue | None = None
-        # (the writer is started by _thread's one call in C: threading.Thread.start waits on a
-        # Condition an interrupt can leave unbalanced, 'release unlocked lock' for a Ctrl-C. The
-        # writer sets _began before it reads _stop, discard() sets _stop before it reads _began:
-        # a writer discard() saw not begun writes nothing, one it saw begun is waited for, until
-        # _done, its last act)
-        self._writing = self._launched = self._began = self._stop = self._done = False
+        # (the writer's start and stop, right wherever an interrupt lands: a writer discard() saw
+        # not begun writes nothing, and one it saw begun is waited for until done)
+        self._writer_h: Handover | None = None
         self._error: BaseException | None = None
         self.rows = 0
 
@@ -248,13 +244,12 @@ class TableFile:
                 self._out.write(csv_text(chunk, header=False))
         else:
             table = _arrow_table(chunk)
-            if not self._writing:
+            if self._writer_h is None:
                 self._queue, self._slots = queue.SimpleQueue(), queue.SimpleQueue()
                 for _ in range(_DEPTH):
                     self._slots.put(None)
-                self._writing = True  # (before the launch: discard() must know a writer may run)
-                _thread.start_new_thread(self._writer, (table.schema,))
-                self._launched = True
+                self._writer_h = Handover()  # (before the launch: discard() must know a writer may run)
+                self._writer_h.start(self._writer, table.schema)
             self._put(table)
         self.rows += n
 
@@ -274,9 +269,6 @@ class TableFile:
         import pyarrow.parquet as pq
 
         try:
-            self._began = True
-            if self._stop:  # (discarded before it began: it writes nothing)
-                return
             with pq.ParquetWriter(self._tmp, schema, **_PARQUET) as w:
                 # (row groups of ROW_GROUP rows whatever the chunks: the file's bytes depend on its
                 # rows only, not on how the run handed them over)
@@ -296,27 +288,20 @@ class TableFile:
                         return
         except BaseException as e:  # (handed to the writing thread at its next write or close,
             self._error = e          # which sees it within _put's 0.5 s wait for a slot)
-        finally:
-            self._done = True
-
-    def _wait(self) -> None:
-        """Until the writer is done, where one runs or was launched (not join: it is no Thread)."""
-        while not self._done and (self._began or self._launched):
-            time.sleep(0.001)
 
     def _join(self) -> None:
-        if self._writing:
+        if self._writer_h is not None:
             if self._error is None:
                 self._put(None)
-            self._wait()
-            self._writing = False
+            self._writer_h.wait(0.001)
+            self._writer_h = None
             if self._error is not None:
                 raise self._error
 
     def close(self, columns=None) -> Path:
         """Finish the file (``columns``: a table, frame or dict of columns that gives the columns
         when nothing was written) and put it in place."""
-        if self._out is None and not self._writing and columns is not None:
+        if self._out is None and self._writer_h is None and columns is not None:
             self.write(_head(columns))
         self._join()
         if self._out is not None:
@@ -329,12 +314,11 @@ class TableFile:
 
     def discard(self) -> None:
         try:
-            if self._writing:
-                self._stop = True
-                if self._began:
+            if self._writer_h is not None:
+                if self._writer_h.halt():  # (one not begun writes nothing)
                     self._queue.put(None)  # (it finishes the chunk it writes and what waits, then stops)
-                    self._wait()
-                self._writing = False
+                    self._writer_h.wait(0.001)
+                self._writer_h = None
             if self._out is not None:
                 self._out.close()
         finally:

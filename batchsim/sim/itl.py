@@ -31,11 +31,11 @@ import contextlib
 import math
 import queue
 import sys
-import _thread
-import time
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from batchsim.sim.handover import Handover
 
 __all__ = ["EmptyError", "TokenSteps", "Packed", "pack", "Times", "ItlRecords", "ItlAhead", "FirstPass", "weighted_percentile",
            "weighted_summary", "RUN_FIELDS"]
@@ -531,22 +531,13 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
     slots: queue.SimpleQueue = queue.SimpleQueue()
     for _ in range(depth):
         slots.put(None)
-    # The hand-over with the thread is two flags, each set by one side, in this order: the thread
-    # sets "began" and then reads "stop"; the reader sets "stop" and then reads "began". So a
-    # thread the reader saw not begun sees "stop" and reads nothing, and the reader waits for one
-    # it saw begun (until "done": after it the thread touches nothing of the reader's): right
-    # wherever an interrupt lands in the start, before or after the launch. Each flag is one dict
-    # store, which no signal handler splits.
-    flags = {"began": False, "stop": False, "done": False}
+    h = Handover()  # (the thread's start and stop, right wherever an interrupt lands)
 
     def make() -> None:
         try:
-            flags["began"] = True
-            if flags["stop"]:
-                return
             for x in it:
                 while True:
-                    if flags["stop"]:
+                    if h.stop:
                         return
                     try:
                         slots.get(timeout=0.1)
@@ -557,13 +548,9 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
             made.put((0, None))
         except BaseException as e:  # (raised where the items are read)
             made.put((2, e))
-        finally:
-            flags["done"] = True
 
     try:
-        # (inside: an interrupt while it starts still stops it. _thread's start is one call in C,
-        # where threading.Thread.start waits on a Condition an interrupt can leave unbalanced)
-        _thread.start_new_thread(make, ())
+        h.start(make)  # (inside: an interrupt while it starts still stops it)
         while True:
             kind, x = made.get()
             if kind == 0:
@@ -576,9 +563,8 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
         late = None  # (a further interrupt while the thread stops: raised once it has, within 0.1 s
         while True:  # and the piece it is making)
             try:
-                flags["stop"] = True
-                while flags["began"] and not flags["done"]:  # (not join: the thread may never start)
-                    time.sleep(0.002)
+                if h.halt():  # (one not begun reads nothing)
+                    h.wait()
                 break
             except BaseException as e:
                 late = e
