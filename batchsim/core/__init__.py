@@ -615,9 +615,16 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
         lib.core_info(st, _ptr(info))
         held = int(lib.core_held(st))
     finally:
-        # (close() again until it returns: an interrupt can land as it is entered, before its own
-        # retry loop, and the core must not be freed under a thread still running it. Nothing
-        # between here and the try checks for signals, so one cannot land before the loop either.)
+        # (first, by stores and one C call with nothing between them that checks for signals: the
+        # thread is told to stop and woken, and no run is reported in progress. Then close() again
+        # until it returns: an interrupt can land as it is entered, before its own retry loop, and
+        # the core must not be freed under a thread still running it. One that lands at the retry
+        # loop's back edge, outside its try, leaves the loop: then the thread still stops by
+        # itself, within the core's call in flight, and the core is left unfreed, never freed
+        # under it)
+        ahead._h.stop = True
+        _active = None
+        ahead._free.put(None)
         pending = None
         while True:
             try:
@@ -625,7 +632,6 @@ def run_core(workload, policy, cost, kv_blocks: list[int], block_size: int, max_
                 break
             except BaseException as e:
                 pending = pending or e
-        _active = None
         lib.core_free(st)
         if pending is not None:
             raise pending

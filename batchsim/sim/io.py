@@ -248,8 +248,8 @@ class TableFile:
                 self._queue, self._slots = queue.SimpleQueue(), queue.SimpleQueue()
                 for _ in range(_DEPTH):
                     self._slots.put(None)
-                self._writer_h = Handover()  # (before the launch: discard() must know a writer may run)
-                self._writer_h.start(self._writer, table.schema)
+                h = self._writer_h = Handover()  # (before the launch: discard() must know a writer may run)
+                h.start(self._writer, h, table.schema)
             self._put(table)
         self.rows += n
 
@@ -264,17 +264,26 @@ class TableFile:
                 continue
         self._queue.put(item)
 
-    def _writer(self, schema) -> None:
+    def _writer(self, h: Handover, schema) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
+            if h.stop:  # (discarded while it started: it makes no file)
+                return
             with pq.ParquetWriter(self._tmp, schema, **_PARQUET) as w:
                 # (row groups of ROW_GROUP rows whatever the chunks: the file's bytes depend on its
                 # rows only, not on how the run handed them over)
                 held, n = [], 0
                 while True:
-                    table = self._queue.get()
+                    try:  # (polled: a discard() an interrupt cut short still stops it)
+                        table = self._queue.get(timeout=0.1)
+                    except queue.Empty:
+                        if h.stop:
+                            return
+                        continue
+                    if h.stop:  # (discarded: nothing more is written)
+                        return
                     self._slots.put(None)
                     if table is not None:
                         held.append(table)
@@ -288,6 +297,9 @@ class TableFile:
                         return
         except BaseException as e:  # (handed to the writing thread at its next write or close,
             self._error = e          # which sees it within _put's 0.5 s wait for a slot)
+        finally:
+            if h.stop:  # (discarded: the file is removed here too, on this thread, where no interrupt
+                self._tmp.unlink(missing_ok=True)  # lands, however discard() itself ended)
 
     def _join(self) -> None:
         if self._writer_h is not None:
@@ -313,16 +325,26 @@ class TableFile:
         return self.path
 
     def discard(self) -> None:
+        h = self._writer_h
+        pending = None
         try:
-            if self._writer_h is not None:
-                if self._writer_h.halt():  # (one not begun writes nothing)
-                    self._queue.put(None)  # (it finishes the chunk it writes and what waits, then stops)
-                    self._writer_h.wait(0.001)
+            if h is not None:
+                h.stop = True  # (a store: the writer writes nothing more and removes its file itself)
+                while True:  # (an interrupt meanwhile is raised once the writer is done)
+                    try:
+                        if h.halt():  # (one not begun writes nothing)
+                            self._queue.put(None)  # (wakes it now rather than at its next poll)
+                            h.wait(0.001)
+                        break
+                    except BaseException as e:
+                        pending = pending or e
                 self._writer_h = None
             if self._out is not None:
                 self._out.close()
         finally:
             self._tmp.unlink(missing_ok=True)
+        if pending is not None:
+            raise pending
 
 
 # -- a run's outputs as one set ----------------------------------------------------------------

@@ -535,8 +535,8 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
 
     def make() -> None:
         try:
-            for x in it:
-                while True:
+            while True:
+                while True:  # (a free slot first, then the next item: none is read once stopped)
                     if h.stop:
                         return
                     try:
@@ -544,6 +544,12 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
                         break
                     except queue.Empty:
                         continue
+                if h.stop:
+                    return
+                try:
+                    x = next(it)
+                except StopIteration:
+                    break
                 made.put((1, x))
             made.put((0, None))
         except BaseException as e:  # (raised where the items are read)
@@ -560,6 +566,9 @@ def _ahead(items: Iterable[tuple[np.ndarray, np.ndarray]], depth: int = 2) -> It
             slots.put(None)
             yield x
     finally:
+        # (a store, before anything that checks for signals: the thread stops even where an
+        # interrupt at the loop's back edge below, outside its try, leaves the loop)
+        h.stop = True
         late = None  # (a further interrupt while the thread stops: raised once it has, within 0.1 s
         while True:  # and the piece it is making)
             try:

@@ -10,6 +10,6 @@ the result is one columnar :class:`batchsim.sim.types.Workload`, built by
 
 from .build import build_workload
 from .config import WorkloadConfig
-from .traces import TraceNote
+from .traces import TraceNote, trace_notes
 
-__all__ = ["WorkloadConfig", "build_workload", "TraceNote"]
+__all__ = ["WorkloadConfig", "build_workload", "TraceNote", "trace_notes"]

@@ -14,8 +14,11 @@ and ``vllm_bench`` with ``arrivals_from: arrival``) come back with
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,12 +32,37 @@ from .arrivals import renewal
 from .config import (AzureTrace, BurstGPTTrace, CsvTrace, JsonlTrace, LengthsTrace, MooncakeTrace,
                      TraceConfig, VllmBenchTrace)
 
-__all__ = ["Trace", "TraceNote", "load", "load_timed", "READERS"]
+__all__ = ["Trace", "TraceNote", "trace_notes", "load", "load_timed", "READERS"]
 
 
 class TraceNote(UserWarning):
-    """Something a trace's reader changed about the file's requests and the run's summary must
-    say (the runner turns each into a summary warning, naming the file and the line)."""
+    """Something a trace's reader changed about the file's requests that a run's summary must
+    say, naming the file and the line: collected by :func:`trace_notes` where a run builds its
+    workload, warned (this category) where nothing collects them."""
+
+
+_NOTES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("batchsim_trace_notes", default=None)
+
+
+@contextlib.contextmanager
+def trace_notes() -> Iterator[list[str]]:
+    """Collect the readers' notes made inside the block (each once) into the list it yields,
+    instead of warning them. (Not warnings.catch_warnings: that resets the warnings registry,
+    so every other warning raised inside would be shown again at each run.)"""
+    notes: list[str] = []
+    token = _NOTES.set(notes)
+    try:
+        yield notes
+    finally:
+        _NOTES.reset(token)
+
+
+def _note(message: str) -> None:
+    notes = _NOTES.get()
+    if notes is None:
+        warnings.warn(message, TraceNote, stacklevel=5)
+    elif message not in notes:
+        notes.append(message)
 
 
 @dataclass(frozen=True)
@@ -268,8 +296,8 @@ def _sorted(tr: Trace) -> Trace:
         return tr
     i = int(np.argmax(back)) + 1
     where = f"field 'start_times[{tr.lines[i]}]'" if tr.fields else f"line {tr.lines[i]}"
-    warnings.warn(f"{tr.path}: rows are not sorted by arrival time ({where} is earlier than the row before it); "
-                  "replaying them sorted by time", TraceNote, stacklevel=4)
+    _note(f"{tr.path}: rows are not sorted by arrival time ({where} is earlier than the row before it); "
+          "replaying them sorted by time")
     return tr.take(np.argsort(tr.time, kind="stable"))
 
 
