@@ -40,3 +40,14 @@ def test_waiting_on_a_worker_never_launched_returns():
     h.halt()
     h.wait()
     assert not h.done
+
+
+def test_waiting_on_the_worker_from_its_own_thread_returns():
+    """The owner's cleanup can run on the worker's thread (a garbage collection there closing an
+    unclosed read-ahead): waiting for itself would never end."""
+    h = Handover()
+    h.start(lambda: (h.halt(), h.wait()))
+    deadline = time.monotonic() + 5
+    while not h.done and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert h.done

@@ -26,10 +26,11 @@ class Handover:
     """One worker: :meth:`start` it, poll :attr:`stop` inside its function, and :meth:`halt`
     then :meth:`wait` to stop it."""
 
-    __slots__ = ("began", "stop", "done", "launched")
+    __slots__ = ("began", "stop", "done", "launched", "ident")
 
     def __init__(self) -> None:
         self.began = self.stop = self.done = self.launched = False
+        self.ident: int | None = None  # the worker's thread, once it began
 
     def start(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on a new thread (its exceptions are its own to hand over)."""
@@ -38,6 +39,7 @@ class Handover:
 
     def _run(self, fn: Callable[..., Any], args: tuple) -> None:
         try:
+            self.ident = _thread.get_ident()
             self.began = True
             if self.stop:
                 return
@@ -53,6 +55,10 @@ class Handover:
 
     def wait(self, tick: float = 0.002) -> None:
         """Until the worker is done, where one began or was launched (polled every ``tick``
-        seconds: not a Condition's wait, which an interrupt can leave locked)."""
+        seconds: not a Condition's wait, which an interrupt can leave locked). On the worker's
+        own thread (its owner's cleanup run there, as a garbage collection can) it returns at once:
+        the worker is done once that cleanup returns."""
+        if self.ident == _thread.get_ident():
+            return
         while not self.done and (self.began or self.launched):
             time.sleep(tick)
