@@ -167,3 +167,47 @@ def test_fit_on_names_every_label_it_is_given(bench_files):
 
 def test_the_profile_says_whether_the_fit_converged(fitted):
     assert fitted.profile.provenance["from_bench"]["converged"] is True
+
+
+def test_a_closed_loop_in_the_fit_leaves_the_frontend_to_the_open_loops(bench_files):
+    """A closed loop's TTFT moves with a frontend delay by whole steps, and its tight residuals
+    outweighed the open loop's in the frontend regression: fitted on rate=3 and 24 clients (the
+    docs' own order's default split), per_request_us came out a fraction of the truth and TTFT
+    p50 missed by 11-13%. The frontend is now fitted on the open loops whenever there are any."""
+    fit = fit_bench(load_runs(bench_files), BenchSetup(model="llama-3-8b", hardware="h100-sxm"),
+                    fit_on=["rate=3.0", "concurrency=24"])
+    assert fit.frontend_on == ["rate=3.0"]
+    assert fit.terms["frontend.per_request_us"] == pytest.approx(TRUE["frontend"]["per_request_us"], rel=0.05)
+    for r in fit.rows:
+        if r["percentile"] == "p50" and r["metric"] in ("ttft", "tpot"):
+            assert abs(r["rel_error"]) < 0.10, r
+
+
+def test_the_same_benchmark_twice_is_refused_by_calibrate(bench_files, tmp_path):
+    """A file given twice (or a copy) would be held out of itself: a held-out check that cannot fail."""
+    import shutil
+
+    from batchsim.sim.errors import InputError
+
+    copy = tmp_path / "copy.json"
+    shutil.copy(bench_files[0], copy)
+    with pytest.raises(InputError, match="same contents as"):
+        load_runs([bench_files[0], str(copy)], distinct=True)
+    res = subprocess.run([sys.executable, "-m", "batchsim", "calibrate", "--from-bench", bench_files[0],
+                          "--from-bench", bench_files[0], "--out", str(tmp_path / "p.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "same contents as" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_label_with_a_file_name_shows_whole_in_the_table():
+    """'rate=8.0 [gp.json]' is not rich markup: two benchmarks at one rate stay told apart."""
+    from rich.console import Console
+
+    from batchsim.app.commands.calibrate import _bench_table
+
+    row = {"label": "rate=8.0 [gp.json]", "split": "fit", "metric": "ttft", "percentile": "p50",
+           "measured_ms": 1.0, "simulated_ms": 1.0, "rel_error": 0.0}
+    console = Console(width=200, record=True)
+    console.print(_bench_table([row], "t"))
+    assert "rate=8.0 [gp.json]" in console.export_text()

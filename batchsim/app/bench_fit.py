@@ -236,6 +236,7 @@ class BenchFit:
     unfitted: list[str] = field(default_factory=list)  # terms the benchmarks said nothing about (the profile's kept)
     unfitted_why: dict[str, str] = field(default_factory=dict)
     pinned: list[str] = field(default_factory=list)  # terms held at 0 that the last round wanted below it
+    frontend_on: list[str] = field(default_factory=list)  # the benchmarks the frontend terms were fitted on
 
     @property
     def converged(self) -> bool:
@@ -330,14 +331,20 @@ def _sha(path: str) -> str:
         return ""
 
 
-def load_runs(files: Sequence[str | Path]) -> list[BenchRun]:
+def load_runs(files: Sequence[str | Path], distinct: bool = False) -> list[BenchRun]:
     """Every benchmark in ``files``, each with a label of its own: a label two benchmarks share (the
     same rate in two files, or twice in one --append-result file) gains the file's name, then its
     place among them (``rate=4.0 [b.json]``, ``rate=4.0 #2``)."""
     import dataclasses
 
     runs: list[BenchRun] = []
+    seen_sha: dict[str, str] = {}
     for f in files:
+        sha = _sha(str(f))
+        if distinct and sha and sha in seen_sha:  # (calibrate: the same benchmark twice would be "held out" of itself)
+            raise InputError(f"has the same contents as {seen_sha[sha]}; expected each benchmark once (a "
+                             "benchmark held out must be one the fit did not see)", str(f))
+        seen_sha[sha] = str(f)
         runs.extend(read_bench(f))
     if not runs:
         raise InputError("no benchmarks in the files given", "--from-bench")
@@ -368,6 +375,7 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
     unfitted: set[str] = set()
     notes: dict[str, str] = {}  # term -> why it was not fitted
     pinned: list[str] = []  # terms the last round wanted below 0
+    open_loop = any(f and r.mode != "concurrency" for r, f in zip(runs, fitted))
     total = 2 * ROUNDS * sum(fitted) + len(runs)
     done = 0
     for k in range(ROUNDS):
@@ -380,6 +388,12 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
             for run, fit in zip(runs, fitted):
                 if not fit:
                     continue
+                # NOTE: a closed loop's TTFT barely moves with the frontend terms (its clients send at a
+                # step's end and wait for the next step anyway), so its residuals, small and tight, would
+                # outweigh the open-loop ones that do measure the frontend: fit the frontend on open loops
+                # whenever there are any.
+                if half == "frontend" and run.mode == "concurrency" and open_loop:
+                    continue
                 frames.append(_per_request(replay(run, setup, _terms(values)), run, values).assign(run=len(frames)))
                 done += 1
                 if progress:
@@ -389,9 +403,12 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
                 X = np.column_stack([df["s"], df["s"] * df["rows"]])
                 y = (df["tpot_m"] - df["tpot_s"]).to_numpy()
                 if not (np.isfinite(y) & np.isfinite(X).all(axis=1)).sum() >= 3:
+                    multi = int((df["output"] > 1).sum())
                     for t in ("host.per_step_us", "host.per_seq_us"):
                         unfitted.add(t)
-                        notes[t] = "no request of two tokens or more: nothing says what a decode step costs"
+                        notes[t] = ("no request of two tokens or more: nothing says what a decode step costs"
+                                    if not multi else f"only {multi} request(s) of two tokens or more: too few "
+                                    "to fit the decode-step terms (3 needed)")
                     continue
                 d = _robust_lstsq(X, y) * 1e6
                 keys = ("host.per_step_us", "host.per_seq_us")
@@ -439,7 +456,9 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
     files = [{"path": s, "sha256": _sha(s)} for s in dict.fromkeys(r.source for r in runs)]
     fit = BenchFit(terms={t: round(values[t], 3) for t in FITTED_TERMS if t not in unfitted}, rounds=rounds,
                    rows=rows, runs=run_info, setup=setup, files=files, unfitted=sorted(unfitted),
-                   unfitted_why={t: notes[t] for t in sorted(unfitted)}, pinned=sorted(set(pinned) - unfitted))
+                   unfitted_why={t: notes[t] for t in sorted(unfitted)}, pinned=sorted(set(pinned) - unfitted),
+                   frontend_on=[r.label for r, f in zip(runs, fitted)
+                                if f and not (open_loop and r.mode == "concurrency")])
     fit.profile = _profile(_hardware(_scenario(setup, runs[0], terms)), fit, name)
     return fit
 

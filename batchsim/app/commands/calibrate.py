@@ -150,26 +150,28 @@ def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs):
 
 
 def _bench_table(rows: list[dict], title: str):
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for col in ("benchmark", "split", "metric", "measured ms", "simulated ms", "error"):
         table.add_column(col, justify="right" if col.endswith(("ms", "error")) else "left")
-    for r in rows:
-        table.add_row(r["label"], r["split"], f"{r['metric']} {r['percentile']}", f"{r['measured_ms']:.2f}",
+    for r in rows:  # (escaped: a label like "rate=4.0 [b.json]" is not rich markup)
+        table.add_row(escape(r["label"]), r["split"], f"{r['metric']} {r['percentile']}", f"{r['measured_ms']:.2f}",
                       f"{r['simulated_ms']:.2f}", f"{r['rel_error']:+.1%}")
     return table
 
 
 def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_set, fit_on, report, name) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     from batchsim.app.bench_fit import fit_bench, load_runs, write_report
     from batchsim.calibrate.hardware import save_hardware
     from batchsim.sim.io import require_folder
 
     require_folder(report, "--report", "bench.csv, bench.json and bench.png")
-    runs = load_runs(files)
+    runs = load_runs(files, distinct=True)
     setup, model_note = _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs)
     console = Console(width=None if Console().is_terminal else 120, highlight=False)
     if model_note:
@@ -180,7 +182,8 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
     if report is not None:  # (first: a report that cannot be written leaves no profile behind)
         write_report(fit.rows, report, f"calibrate --from-bench: {setup.model} on {hardware}",
                      {"terms_us": fit.terms, "rounds": fit.rounds, "benchmarks": fit.runs,
-                      "not_fitted": fit.unfitted_why, "pinned_at_zero": fit.pinned})
+                      "not_fitted": fit.unfitted_why, "pinned_at_zero": fit.pinned,
+                      "frontend_fitted_on": fit.frontend_on})
     save_hardware(fit.profile, out)
     console.print(_bench_table(fit.rows, f"{setup.model} on {hardware}: measured vs simulated with the fitted terms"))
     terms = ", ".join(f"{k} {v:g}" for k, v in fit.terms.items())
@@ -190,6 +193,16 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
                   f"{len(fit.runs)} benchmarks: {terms}")
     for term, why in fit.unfitted_why.items():
         console.print(f"note: {term} not fitted: {why}")
+    closed = [r["label"] for r in fit.runs if r["split"] == "fit" and r["mode"] == "concurrency"]
+    if closed and any(t.startswith("frontend.") for t in fit.terms):
+        why = ("a closed loop's clients send as a step ends, so a frontend delay moves its TTFT by whole steps, "
+               "not by the delay (docs/fidelity.md)")
+        if set(closed) & set(fit.frontend_on):
+            console.print(f"note: the frontend terms were fitted on closed loops only ({', '.join(map(escape, closed))}): "
+                          f"{why}; add an open-loop (rate) benchmark to fit them")
+        else:
+            console.print(f"note: the frontend terms were fitted on the open-loop benchmarks only; the closed "
+                          f"loops ({', '.join(map(escape, closed))}) fitted the host terms: {why}")
     from batchsim.app.bench_fit import ROUNDS
 
     last = fit.rounds[-1]["change"] if fit.rounds else 0.0
