@@ -211,3 +211,30 @@ def test_a_label_with_a_file_name_shows_whole_in_the_table():
     console = Console(width=200, record=True)
     console.print(_bench_table([row], "t"))
     assert "rate=8.0 [gp.json]" in console.export_text()
+
+
+def test_the_profile_says_the_one_command_that_reproduces_it(tmp_path):
+    """provenance.from_bench.reproduce, run again, writes the same bytes (the fitted benchmarks
+    are named, the starting profile as given, the version recorded); --out is checked first."""
+    import shlex
+
+    import yaml
+
+    files = [str(write_vllm_bench(tmp_path / f"{label}.json", _truth(label, arr, i, n=150)))
+             for i, (label, arr) in enumerate(LOADS[:2])]
+    out = tmp_path / "p.yaml"
+    cmd = [sys.executable, "-m", "batchsim", "calibrate", "--from-bench", files[0], "--from-bench", files[1],
+           "--model", "llama-3-8b", "--policy-set", "max_num_seqs=128", "--out", str(out)]
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=300).returncode == 0
+    first = out.read_bytes()
+    prov = yaml.safe_load(first)["provenance"]["from_bench"]
+    assert prov["started_from"] == {"hardware": "h100-sxm"} and prov["fit_on"] == ["rate=3.0"]
+    again = shlex.split(prov["reproduce"])
+    assert again[:2] == ["batchsim", "calibrate"] and "--fit-on" in again and "max_num_seqs=128" in again
+    out.unlink()
+    res = subprocess.run([sys.executable, "-m", "batchsim", *again[1:]], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert out.read_bytes() == first
+    (tmp_path / "afile").write_text("")
+    res = subprocess.run([*cmd[:-1], str(tmp_path / "afile" / "p.yaml")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--out" in res.stderr and "fitting" not in res.stderr

@@ -10,6 +10,7 @@ command bodies only, so ``batchsim --help`` and simulations run without it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -162,15 +163,46 @@ def _bench_table(rows: list[dict], title: str):
     return table
 
 
+def _bench_reproduce(files, setup, fit, out, name, hardware) -> dict:
+    """What reproduces a --from-bench profile: the profile it started from as given (and its
+    sha256 when a file: a chain of calibrations starts each from the last), the version, and the
+    one command (the fitted benchmarks named, so the split is the same whatever the default)."""
+    import shlex
+
+    from batchsim import __version__
+    from batchsim.app.bench_fit import _sha
+
+    cmd = ["batchsim", "calibrate"]
+    for f in files:
+        cmd += ["--from-bench", str(f)]
+    cmd += ["--model", setup.model, "--hardware", str(hardware), "--tp", str(setup.tensor_parallel_size),
+            "--dtype", setup.dtype, "--engine-preset", setup.engine_preset or "none"]
+    for k, v in sorted((setup.policy or {}).items()):
+        cmd += ["--policy-set", f"{k}={json.dumps(v) if isinstance(v, (list, dict, bool)) else v}"]
+    for r in fit.runs:
+        if r["split"] == "fit":
+            cmd += ["--fit-on", r["label"]]
+    if name:
+        cmd += ["--name", name]
+    cmd += ["--out", str(out)]
+    started = {"hardware": str(hardware)}
+    if Path(str(hardware)).is_file():
+        started["sha256"] = _sha(str(hardware))
+    return {"started_from": started, "batchsim_version": __version__, "fit_on": [r["label"] for r in fit.runs
+                                                                              if r["split"] == "fit"],
+            "reproduce": shlex.join(cmd)}
+
+
 def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_set, fit_on, report, name) -> None:
     from rich.console import Console
     from rich.markup import escape
 
     from batchsim.app.bench_fit import fit_bench, load_runs, write_report
     from batchsim.calibrate.hardware import save_hardware
-    from batchsim.sim.io import require_folder
+    from batchsim.sim.io import require_file, require_folder
 
     require_folder(report, "--report", "bench.csv, bench.json and bench.png")
+    require_file(out, "--out", "the profile")  # (before the fit, not after it)
     runs = load_runs(files, distinct=True)
     setup, model_note = _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs)
     console = Console(width=None if Console().is_terminal else 120, highlight=False)
@@ -179,6 +211,7 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
     bar, tick = _progress("fitting")
     with bar:
         fit = fit_bench(runs, setup, fit_on=fit_on, progress=tick, name=name)
+    fit.profile.provenance["from_bench"].update(_bench_reproduce(files, setup, fit, out, name, hardware))
     if report is not None:  # (first: a report that cannot be written leaves no profile behind)
         write_report(fit.rows, report, f"calibrate --from-bench: {setup.model} on {hardware}",
                      {"terms_us": fit.terms, "rounds": fit.rounds, "benchmarks": fit.runs,
@@ -193,6 +226,9 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
                   f"{len(fit.runs)} benchmarks: {terms}")
     for term, why in fit.unfitted_why.items():
         console.print(f"note: {term} not fitted: {why}")
+    failed = [f"{escape(r['label'])}: {r['failed']}" for r in fit.runs if r.get("failed")]
+    if failed:
+        console.print(f"note: requests the benchmark marked failed were left out ({', '.join(failed)})")
     closed = [r["label"] for r in fit.runs if r["split"] == "fit" and r["mode"] == "concurrency"]
     if closed and any(t.startswith("frontend.") for t in fit.terms):
         why = ("a closed loop's clients send as a step ends, so a frontend delay moves its TTFT by whole steps, "
