@@ -238,3 +238,17 @@ def test_the_profile_says_the_one_command_that_reproduces_it(tmp_path):
     (tmp_path / "afile").write_text("")
     res = subprocess.run([*cmd[:-1], str(tmp_path / "afile" / "p.yaml")], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--out" in res.stderr and "fitting" not in res.stderr
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--hardware", "nosuch", "--hardware: unknown hardware profile 'nosuch'"),
+    ("--engine-preset", "nosuch", "--engine-preset: unknown engine preset 'nosuch'"),
+    ("--dtype", "fp8x", "--dtype: Input should be"),
+    ("--tp", "3", "--tp: num_attention_heads (32) is not divisible"),
+])
+def test_a_bad_deployment_option_is_named_by_the_option(bench_files, tmp_path, option, value, said):
+    """Checked once before any replay, and named by the option, not by the first benchmark's file."""
+    res = subprocess.run([sys.executable, "-m", "batchsim", "calibrate", "--from-bench", bench_files[0],
+                          "--model", "llama-3-8b", option, value, "--out", str(tmp_path / "p.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, res.stderr

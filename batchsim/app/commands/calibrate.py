@@ -134,7 +134,7 @@ def _policy_keys(pairs: list[str] | None, option: str) -> dict:
     return out
 
 
-def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs):
+def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs, hardware_option="--hardware"):
     """The deployment to replay the benchmarks on, and a note on where its model came from."""
     from batchsim.app.bench_fit import BenchSetup, bench_model
 
@@ -147,7 +147,35 @@ def _bench_setup(model, hardware, tp, dtype, engine_preset, policy_set, runs):
     setup = BenchSetup(model=name, hardware=hardware, tensor_parallel_size=tp,
                        dtype=dtype, engine_preset=None if engine_preset in ("none", "") else engine_preset,
                        policy=policy_set if isinstance(policy_set, dict) else _policy_keys(policy_set, "--policy-set"))
+    _check_setup(setup, runs, hardware_option)
     return setup, note
+
+
+# (a scenario's field -> the option that sets it here)
+_SETUP_OPTIONS = (("engine_preset", "--engine-preset"), ("dtype", "--dtype"), ("tensor_parallel_size", "--tp"),
+                  ("policy", "--policy-set"))
+
+
+def _check_setup(setup, runs, hardware_option: str) -> None:
+    """The deployment as the replay builds it, once, before any benchmark is replayed: an error in
+    an option is named by the option, not by the first benchmark's file."""
+    from batchsim.app.bench_fit import _scenario
+    from batchsim.app.runner import build_cost
+    from batchsim.sim.errors import InputError
+
+    try:
+        build_cost(_scenario(setup, runs[0], None))
+    except InputError as e:
+        text, run = str(e), f"{runs[0].source} [{runs[0].label}]: "
+        text = text[len(run):] if text.startswith(run) else text
+        for key, option in (*_SETUP_OPTIONS, ("hardware", hardware_option)):
+            if text.startswith(f"{key}: "):  # (the option's own value)
+                raise InputError(text[len(key) + 2:], option) from None
+            if text.startswith(f"{key}."):  # (a key under it: policy.max_num_seqs)
+                raise InputError(text, option) from None
+        if "hardware profile" in text:
+            raise InputError(text, hardware_option) from None
+        raise
 
 
 def _bench_table(rows: list[dict], title: str):
@@ -321,7 +349,7 @@ def validate_command(
         runs = load_runs(bench)
         setup, model_note = _bench_setup([used["model"]] if used["model"] else None, str(profile),
                                          used["tensor_parallel_size"], used["dtype"],
-                                         used["engine_preset"] or "none", used["policy"] or {}, runs)
+                                         used["engine_preset"] or "none", used["policy"] or {}, runs, "--profile")
         if origin:
             console.print(f"from {profile}'s calibration: " + ", ".join(f"{k} {used[k]!r}" for k in origin))
         if model_note and "model" not in origin:
