@@ -252,3 +252,13 @@ def test_a_bad_deployment_option_is_named_by_the_option(bench_files, tmp_path, o
                           "--model", "llama-3-8b", option, value, "--out", str(tmp_path / "p.yaml")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_nothing_fitted_writes_no_profile(tmp_path):
+    """Two requests say nothing about either pair of terms: an error that says why, no profile
+    (it would be the starting profile under a new name, claiming a fit)."""
+    path = write_vllm_bench(tmp_path / "two.json", _truth("rate=3", {"process": "poisson", "rate": 3.0}, 0, n=2))
+    res = subprocess.run([sys.executable, "-m", "batchsim", "calibrate", "--from-bench", str(path), "--model",
+                          "llama-3-8b", "--out", str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "nothing could be fitted" in res.stderr and "fewer than 3 requests" in res.stderr
+    assert not (tmp_path / "p.yaml").exists()

@@ -239,6 +239,11 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
     bar, tick = _progress("fitting")
     with bar:
         fit = fit_bench(runs, setup, fit_on=fit_on, progress=tick, name=name)
+    if not fit.terms:  # (a profile that is its starting one under a new name would claim a fit)
+        from batchsim.sim.errors import InputError
+
+        why = "; ".join(f"{t}: {w}" for t, w in fit.unfitted_why.items())
+        raise InputError(f"nothing could be fitted ({why}); no profile written", "--from-bench")
     fit.profile.provenance["from_bench"].update(_bench_reproduce(files, setup, fit, out, name, hardware))
     if report is not None:  # (first: a report that cannot be written leaves no profile behind)
         write_report(fit.rows, report, f"calibrate --from-bench: {setup.model} on {hardware}",
@@ -267,13 +272,18 @@ def _from_bench(files, out, model, hardware, tp, dtype, engine_preset, policy_se
         else:
             console.print(f"note: the frontend terms were fitted on the open-loop benchmarks only; the closed "
                           f"loops ({', '.join(map(escape, closed))}) fitted the host terms: {why}")
-    from batchsim.app.bench_fit import ROUNDS
+    from batchsim.app.bench_fit import ROUNDS, TOLERANCE
 
     last = fit.rounds[-1]["change"] if fit.rounds else 0.0
     if not fit.converged:
+        a, b = (fit.rounds[-2], fit.rounds[-1]) if len(fit.rounds) > 1 else ({}, fit.rounds[-1])
+        moving = [f"{t} {a[t]:g} -> {b[t]:g} us" for t in fit.terms
+                  if t in a and abs(b[t] - a[t]) / max(abs(b[t]), 0.01) > TOLERANCE]
         console.print(f"note: the fit stopped at {ROUNDS} rounds with the terms still moving ({last:.1%} in the "
-                      "last; the rounds are in the report's bench.json): check --model, --tp, --dtype and the "
-                      "policy keys against the benchmarked server")
+                      f"last{': ' + ', '.join(moving) if moving else ''}; the rounds are in the report's "
+                      "bench.json). A term moving near 0 is one the benchmarks barely constrain; terms far "
+                      "apart call for a check of --model, --tp, --dtype and the policy keys against the "
+                      "benchmarked server")
     if fit.pinned:
         console.print(f"note: {', '.join(fit.pinned)} held at 0, where the fit wanted less: the engine is faster "
                       f"than {hardware} predicts even with no overhead, so these terms cannot explain the gap; "
