@@ -192,12 +192,12 @@ def test_sglang_bad_lines_are_named_by_line(tmp_path):
     path.write_text(first + "\n" + json.dumps(data) + "\n")
     with pytest.raises(InputError) as e:
         read_bench(path)
-    assert e.value.where == f"{path}: line 2.ttfts" and "'fast'" in e.value.message
+    assert e.value.where == f"{path}: line 2, field 'ttfts'" and "'fast'" in e.value.message
     del data["itls"]
     path.write_text(json.dumps(data) + "\n" + first + "\n")
     with pytest.raises(InputError) as e:
         read_bench(path)
-    assert e.value.where == f"{path}: line 1.itls" and "--output-details" in e.value.message
+    assert e.value.where == f"{path}: line 1, field 'itls'" and "--output-details" in e.value.message
 
 
 def test_vllm_without_save_detailed(tmp_path):

@@ -302,6 +302,8 @@ def _positive_rate(v: Any, where: str, what: str) -> float:
 def _field(path: PathLike, prefix: str = ""):
     """A function naming a field of ``path`` under ``prefix`` for ``where``: ``"f.json: benchmarks[0].config"``."""
     def at(key: str = "") -> str:
+        if prefix.startswith("line ") and key:  # (a JSONL line's field: "f.jsonl: line 3, field 'request_rate'")
+            return f"{path}: {prefix}, field '{key}'"
         name = ".".join(x for x in (prefix, key) if x)
         return f"{path}: {name}" if name else str(path)
     return at
