@@ -64,13 +64,14 @@ def write_files(files: dict[str | Path, bytes]) -> None:
     only when all of them are written are they renamed into place (so a failure leaves every
     old file as it was, never some new files beside old ones)."""
     staged: list[tuple[str, Path]] = []
+    mode = 0o666 & ~_umask()  # (mkstemp makes 0600 files: outputs get the usual umask-based mode)
     try:
         for path, data in files.items():
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
             staged.append((tmp, p))
-            os.fchmod(fd, 0o666 & ~_umask())
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
         for tmp, p in staged:
@@ -318,9 +319,7 @@ class TableFile:
         self._join()
         if self._out is not None:
             self._out.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self._tmp, 0o666 & ~umask)
+        os.chmod(self._tmp, 0o666 & ~_umask())
         os.replace(self._tmp, self.path)
         return self.path
 
