@@ -270,8 +270,9 @@ def _simulate_point(data: dict, base_dir: str | None) -> dict:
     # (what the served requests are of all: by count and by output tokens, so a capacity that
     # rejects requests (--allow-rejections) prices only the tokens it serves)
     out = np.asarray(req["output_tokens"], dtype=np.float64)
+    total = out.sum()
     metrics["all_served_share"] = float((~is_rejected).mean()) if len(out) else None
-    metrics["all_served_output_share"] = float(out[~is_rejected].sum() / out.sum()) if out.sum() > 0 else None
+    metrics["all_served_output_share"] = float(out[~is_rejected].sum() / total) if total > 0 else None
     metrics["all_rejected_by_reason"] = rejections_by_kind(rejected["reason"].tolist())
     metrics["all_unfinished"] = int((req["status"] == "unfinished").sum())  # (the Table's columns)
     if getattr(sc.workload.arrival, "process", None) == "closed":  # (only an open loop's span is its rate's)
