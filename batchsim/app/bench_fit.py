@@ -375,8 +375,12 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
     unfitted: set[str] = set()
     notes: dict[str, str] = {}  # term -> why it was not fitted
     pinned: list[str] = []  # terms the last round wanted below 0
+    # NOTE: a closed loop's TTFT barely moves with the frontend terms (its clients send at a step's
+    # end and wait for the next step anyway), so its residuals, small and tight, would outweigh the
+    # open-loop ones that do measure the frontend: fit the frontend on open loops whenever there are any.
     open_loop = any(f and r.mode != "concurrency" for r, f in zip(runs, fitted))
-    total = 2 * ROUNDS * sum(fitted) + len(runs)
+    on_frontend = [f and not (open_loop and r.mode == "concurrency") for r, f in zip(runs, fitted)]
+    total = ROUNDS * (sum(fitted) + sum(on_frontend)) + len(runs)
     done = 0
     for k in range(ROUNDS):
         # NOTE: one half-round per pair of terms (Gauss-Seidel): the host terms move TTFT too (prefill
@@ -385,14 +389,8 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
         pinned = []
         for half in ("host", "frontend"):
             frames = []
-            for run, fit in zip(runs, fitted):
+            for run, fit in zip(runs, on_frontend if half == "frontend" else fitted):
                 if not fit:
-                    continue
-                # NOTE: a closed loop's TTFT barely moves with the frontend terms (its clients send at a
-                # step's end and wait for the next step anyway), so its residuals, small and tight, would
-                # outweigh the open-loop ones that do measure the frontend: fit the frontend on open loops
-                # whenever there are any.
-                if half == "frontend" and run.mode == "concurrency" and open_loop:
                     continue
                 frames.append(_per_request(replay(run, setup, _terms(values)), run, values).assign(run=len(frames)))
                 done += 1
@@ -457,8 +455,7 @@ def fit_bench(runs: Sequence[BenchRun], setup: BenchSetup, fit_on: Sequence[str]
     fit = BenchFit(terms={t: round(values[t], 3) for t in FITTED_TERMS if t not in unfitted}, rounds=rounds,
                    rows=rows, runs=run_info, setup=setup, files=files, unfitted=sorted(unfitted),
                    unfitted_why={t: notes[t] for t in sorted(unfitted)}, pinned=sorted(set(pinned) - unfitted),
-                   frontend_on=[r.label for r, f in zip(runs, fitted)
-                                if f and not (open_loop and r.mode == "concurrency")])
+                   frontend_on=[r.label for r, f in zip(runs, on_frontend) if f])
     fit.profile = _profile(_hardware(_scenario(setup, runs[0], terms)), fit, name)
     return fit
 
