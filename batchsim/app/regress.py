@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from batchsim.reports.regression import (DEFAULT_METRICS, RegressionReport, ScenarioDiff, decide, family_size,
+from batchsim.reports.regression import (DEFAULT_METRICS, RegressionReport, ScenarioDiff, _number, decide,
                                         measure)
 from batchsim.reports.stats import _seed_warnings
 from batchsim import __version__
@@ -62,7 +62,7 @@ from batchsim.sim.io import atomic_write_text
 from batchsim.sim.measure import MIN_REQUESTS, thin_window
 
 __all__ = ["BASELINE_FORMAT", "DEFAULT_SEEDS", "Runner", "scenario_key", "scenario_inputs", "combine_hash",
-           "load_baseline", "write_baseline", "baseline_text", "parse_metrics", "reproduce_command", "regress"]
+           "load_baseline", "baseline_text", "parse_metrics", "reproduce_command", "regress"]
 
 BASELINE_FORMAT = "batchsim-regress-baseline/2"
 _OLD_FORMATS = ("batchsim-regress-baseline/1",)  # one value per metric: one seed
@@ -237,12 +237,7 @@ def _check_entry(entry: dict, per_seed: bool, where: str) -> None:
 
 
 def _value_ok(v: Any) -> bool:
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-
-
-def write_baseline(path: Path, entries: dict[str, dict]) -> None:
-    """Write the baseline atomically, scenarios sorted by key (stable diffs in review)."""
-    atomic_write_text(path, baseline_text(entries))
+    return v is None or _number(v) is not None
 
 
 def baseline_text(entries: dict[str, dict]) -> str:
@@ -323,7 +318,6 @@ def _explain(old: dict, inputs: dict[str, str], new_hash: str) -> str:
 
 @dataclass
 class _Run:
-    path: Path
     key: str
     scenario: Scenario
     inputs: dict[str, str]
@@ -347,7 +341,7 @@ def _run_one(path: Path, baseline: Path, runner: Runner, seeds: int) -> _Run:
     t0 = time.perf_counter()
     runs = [with_seed(scenario, i) for i in range(seeds)]  # compare's rule: seed + i
     summaries = [naming_file(path, runner, s, base_dir) for s in runs]
-    return _Run(path, scenario_key(path, baseline), scenario, inputs, summaries, [s.seed for s in runs],
+    return _Run(scenario_key(path, baseline), scenario, inputs, summaries, [s.seed for s in runs],
                 time.perf_counter() - t0)
 
 
@@ -465,11 +459,11 @@ def _identical(run: _Run, old: dict | None, fresh: dict) -> tuple[bool, str]:
                    + "; ".join(what))
 
 
-def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
+def _diff(run: _Run, old: dict | None, fresh: dict, metrics: tuple[str, ...], rtol: float,
           update: bool, min_requests: int = MIN_REQUESTS) -> ScenarioDiff:
-    """The scenario's comparison, its statistical checks still undecided (``regress`` decides
-    every scenario's together)."""
-    new_hash = combine_hash(run.inputs)
+    """The scenario's comparison with the baseline entry ``old`` (``fresh``: this run's entry), its
+    statistical checks still undecided (``regress`` decides every scenario's together)."""
+    new_hash = fresh["scenario_hash"]
     problems: list[str] = []
     notes: list[str] = []
     remedy = ("; not a pass: give the scenario more requests (workload.num_requests) or a shorter "
@@ -497,7 +491,6 @@ def _diff(run: _Run, old: dict | None, metrics: tuple[str, ...], rtol: float,
     engine_notes, engine = _engine_notes(run, old)
     notes += engine_notes
     notes += [f"run warning: {w}" for w in _seed_warnings([s.get("warnings") for s in run.summaries])]
-    fresh = _entry(run.scenario, run.inputs, run.summaries, run.seeds)
     identical, why = _identical(run, old, fresh)
     if why and not update:
         notes.append(why)
@@ -563,17 +556,16 @@ def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bo
     run = runner or _default_runner
     results: list[ScenarioDiff] = []
     fresh: dict[str, dict] = {}
+    cmd = dict(baseline=bpath, rtol=rtol, seeds=seeds, min_requests=min_requests, metrics=keys)
     for path in paths:
         r = _run_one(path, bpath, run, seeds)
         old = entries.get(r.key)
         _check_metrics(keys, r.summaries[0], old and old["metrics"], str(path))
-        d = _diff(r, old, keys, rtol, update, min_requests)
-        cmd = dict(baseline=bpath, rtol=rtol, seeds=seeds, min_requests=min_requests, metrics=keys)
+        fresh[r.key] = _entry(r.scenario, r.inputs, r.summaries, r.seeds)
+        d = _diff(r, old, fresh[r.key], keys, rtol, update, min_requests)
         results.append(replace(d, command=reproduce_command([path], **cmd), run_commands=tuple(
             shlex.join(["batchsim", "run", str(path), "--set", f"seed={s}"]) for s in r.seeds)))
-        fresh[r.key] = _entry(r.scenario, r.inputs, r.summaries, r.seeds)
     decided = decide([s.diffs for s in results])
-    family = family_size([s.diffs for s in results])
     results = [replace(s, diffs=d) for s, d in zip(results, decided)]
     notes: list[str] = []
     text = None
@@ -585,6 +577,6 @@ def regress(scenarios: Iterable[str | Path], baseline: str | Path, *, update: bo
     unchecked = sorted(set(entries) - set(fresh))
     if unchecked and not update:
         notes.append(f"baseline entries not checked in this run: {', '.join(unchecked)}")
-    command = reproduce_command(paths, bpath, rtol=rtol, seeds=seeds, min_requests=min_requests, metrics=keys)
-    return RegressionReport(tuple(results), rtol, str(bpath), update, tuple(notes), seeds, family=family,
+    command = reproduce_command(paths, **cmd)
+    return RegressionReport(tuple(results), rtol, str(bpath), update, tuple(notes), seeds,
                             command=command, baseline_text=text)

@@ -145,7 +145,6 @@ class MetricDiff:
     p_worse: float | None = None
     p_better: float | None = None
     p_adj: float | None = None
-    identical: bool = False
     reason: str = ""
 
     @property
@@ -243,6 +242,11 @@ class ScenarioDiff:
     def failed(self) -> bool:
         return bool(self.problems) or any(d.failed for d in self.diffs)
 
+    @property
+    def sameness(self) -> str:
+        """What its provenance line says of the baseline: identical to it or not."""
+        return "identical to the baseline" if self.identical else "not identical to the baseline"
+
 
 @dataclass(frozen=True)
 class RegressionReport:
@@ -255,7 +259,6 @@ class RegressionReport:
     notes: tuple[str, ...] = ()
     seeds: int = 1
     alpha: float = ALPHA
-    family: int = 0  # statistical checks Holm's procedure ran over
     command: str = ""  # the batchsim regress command that reproduces this report
     baseline_text: str | None = None  # the new baseline file (after --update)
 
@@ -267,6 +270,11 @@ class RegressionReport:
     @property
     def exit_code(self) -> int:
         return 1 if self.failed else 0
+
+    @property
+    def family(self) -> int:
+        """How many statistical checks Holm's procedure ran over (those with a p-value)."""
+        return sum(d.p_worse is not None for s in self.scenarios for d in s.diffs)
 
     def rows(self, *statuses: str) -> list[tuple[ScenarioDiff, MetricDiff]]:
         """(scenario, diff) pairs whose status is one of ``statuses``, in run order."""
@@ -336,15 +344,14 @@ def _paired(spec: MetricSpec, d: MetricDiff, base: list[float], cur: list[float]
     """The same seeds on both sides: each seed's workload is the same, so the differences carry
     the change and not the workload's noise."""
     diffs = [c - b for b, c in zip(base, cur)]
-    identical = base == cur
     if len(diffs) == 1:  # one shared seed: its difference, exactly (a deterministic check)
         (x,) = diffs
-        return replace(d, rule=RULE_EXACT, delta=x, identical=identical,
+        return replace(d, rule=RULE_EXACT, delta=x,
                        status=_verdict(spec, x > d.tolerance, -x > d.tolerance))
     mean, ci = mean_ci(diffs)
     se = statistics.stdev(diffs) / math.sqrt(len(diffs))
     up, down = _one_sided(mean, se, len(diffs) - 1, d.tolerance)
-    return _pending(spec, replace(d, rule=RULE_PAIRED, delta=mean, delta_ci=ci, identical=identical), up, down)
+    return _pending(spec, replace(d, rule=RULE_PAIRED, delta=mean, delta_ci=ci), up, down)
 
 
 def _unpaired(spec: MetricSpec, d: MetricDiff, base: list[float], cur: list[float]) -> MetricDiff:
@@ -402,11 +409,6 @@ def decide(groups: Sequence[Sequence[MetricDiff]], alpha: float = ALPHA) -> list
             status, p = "ok", pw
         out[g][i] = replace(d, status=status, p_adj=p)
     return [tuple(group) for group in out]
-
-
-def family_size(groups: Sequence[Sequence[MetricDiff]]) -> int:
-    """How many statistical checks a decision ran over (the Holm family)."""
-    return sum(d.p_worse is not None for group in groups for d in group)
 
 
 def _holm(ps: list[float | None]) -> list[float | None]:
@@ -626,8 +628,7 @@ def to_markdown(report: RegressionReport) -> str:
     if any(s.provenance or s.command for s in report.scenarios):
         lines += ["### Provenance and reproduction", ""]
         for s in report.scenarios:
-            same = "identical to the baseline" if s.identical else "not identical to the baseline"
-            lines += [f"- `{_md_cell(s.key)}` ({same}): {_md_cell(provenance_text(s))}",
+            lines += [f"- `{_md_cell(s.key)}` ({s.sameness}): {_md_cell(provenance_text(s))}",
                       f"  - reproduce: `{s.command}`"]
             lines += [f"  - seed run: `{c}`" for c in s.run_commands]
         lines += [""]

@@ -85,8 +85,7 @@ def regress_command(
     for n in report.notes:
         console.print(f"note: {esc(n)}", soft_wrap=True)
     for s in report.scenarios:
-        same = "identical to the baseline" if s.identical else "not identical to the baseline"
-        console.print(f"provenance: {esc(s.key)} ({same}): {esc(provenance_text(s))}", soft_wrap=True)
+        console.print(f"provenance: {esc(s.key)} ({s.sameness}): {esc(provenance_text(s))}", soft_wrap=True)
     console.print(f"reproduce: {esc(report.command)}", soft_wrap=True)
     n_bad = len(report.rows(*FAILING))
     n_broken = sum(bool(s.problems) for s in report.scenarios)
